@@ -1,0 +1,255 @@
+"""Compare paired responses: exact text equality, the first divergence with the logprob margin
+behind it, and pathologies on either side.
+
+Exact equality alone misleads both ways: bf16 near-ties flip tokens between two correct kernels,
+and small bugs leave text unchanged. So each mismatch is classified by the reference's top-1/top-2
+margin at the first divergent token: a *near-tie* (each side's token in the other's top-k and a
+margin within `near_tie_margin`) or a *substantive* divergence. Drift (rig.drift) completes it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from rig.load import RequestRecord, TokenLogprob
+
+EXCERPT_CHARS = 40
+DivergenceKind = Literal["near_tie", "substantive", "unclassified"]
+
+TRANSPORT_ERRORS = ("timeout", "http_", "connection", "malformed_sse", "cancelled")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two responses first differ, and how confident the reference was there."""
+
+    char_index: int
+    token_index: int | None
+    reference_excerpt: str
+    candidate_excerpt: str
+    reference_token_id: int | None = None
+    candidate_token_id: int | None = None
+    reference_logprob: float | None = None
+    candidate_logprob: float | None = None
+    candidate_token_rank_in_reference: int | None = None  # 1-based; None: not in top-k
+    reference_token_rank_in_candidate: int | None = None
+    reference_margin: float | None = None  # reference top-1 minus top-2 logprob
+    kind: DivergenceKind = "unclassified"
+
+
+@dataclass(frozen=True)
+class Pathology:
+    side: str
+    kind: str
+    detail: str
+    candidate_only: bool  # absent on the reference for the same request
+
+
+@dataclass(frozen=True)
+class PairResult:
+    request_id: str
+    prompt_id: str
+    level: int
+    repeat: int
+    index: int
+    identical: bool
+    divergence: Divergence | None
+    pathologies: tuple[Pathology, ...]
+
+    @property
+    def substantive(self) -> bool:
+        return self.divergence is not None and self.divergence.kind != "near_tie"
+
+    def as_row(self) -> dict:
+        row = {
+            "request_id": self.request_id,
+            "prompt_id": self.prompt_id,
+            "level": self.level,
+            "repeat": self.repeat,
+            "index": self.index,
+            "identical": self.identical,
+            "divergence_kind": self.divergence.kind if self.divergence else "",
+            "pathologies": ";".join(f"{p.side}:{p.kind}" for p in self.pathologies),
+        }
+        if self.divergence is not None:
+            row.update({f"div_{k}": v for k, v in asdict(self.divergence).items() if k != "kind"})
+        return row
+
+
+def _rank(token_id: int, top: dict[int, float]) -> int | None:
+    ordered = sorted(top.items(), key=lambda item: -item[1])
+    for rank, (candidate_id, _) in enumerate(ordered, start=1):
+        if candidate_id == token_id:
+            return rank
+    return None
+
+
+def _margin(position: TokenLogprob) -> float | None:
+    values = sorted(position.top.values(), reverse=True)
+    return values[0] - values[1] if len(values) >= 2 else None
+
+
+def _first_token_mismatch(a: list[int], b: list[int]) -> int | None:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _first_char_mismatch(a: str, b: str) -> int:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def first_divergence(
+    reference: RequestRecord, candidate: RequestRecord, near_tie_margin: float
+) -> Divergence | None:
+    """None when the texts are identical; else the first difference, classified."""
+    if reference.text == candidate.text:
+        return None
+    char_index = _first_char_mismatch(reference.text, candidate.text)
+    start = max(0, char_index - EXCERPT_CHARS)
+    excerpt = {
+        "reference_excerpt": reference.text[start : char_index + EXCERPT_CHARS],
+        "candidate_excerpt": candidate.text[start : char_index + EXCERPT_CHARS],
+    }
+    if reference.token_ids is None or candidate.token_ids is None:
+        return Divergence(char_index=char_index, token_index=None, **excerpt)
+    token_index = _first_token_mismatch(reference.token_ids, candidate.token_ids)
+    if token_index is None:
+        return Divergence(char_index=char_index, token_index=None, **excerpt)
+    ref_token = _at(reference.token_ids, token_index)
+    cand_token = _at(candidate.token_ids, token_index)
+    ref_position = _at(reference.logprobs or [], token_index)
+    cand_position = _at(candidate.logprobs or [], token_index)
+    fields: dict = {"reference_token_id": ref_token, "candidate_token_id": cand_token}
+    if ref_position is not None:
+        fields["reference_logprob"] = ref_position.logprob
+        fields["reference_margin"] = _margin(ref_position)
+        if cand_token is not None:
+            fields["candidate_token_rank_in_reference"] = _rank(cand_token, ref_position.top)
+    if cand_position is not None:
+        fields["candidate_logprob"] = cand_position.logprob
+        if ref_token is not None:
+            fields["reference_token_rank_in_candidate"] = _rank(ref_token, cand_position.top)
+    kind: DivergenceKind = "unclassified"
+    if ref_position is not None and cand_position is not None:
+        # One side stopping early (EOS vs more text) still has both tokens in the top-k.
+        near = (
+            fields.get("candidate_token_rank_in_reference") is not None
+            and fields.get("reference_token_rank_in_candidate") is not None
+            and fields.get("reference_margin") is not None
+            and fields["reference_margin"] <= near_tie_margin
+        )
+        kind = "near_tie" if near else "substantive"
+    return Divergence(
+        char_index=char_index, token_index=token_index, kind=kind, **excerpt, **fields
+    )
+
+
+def _at(items: list, index: int):
+    return items[index] if 0 <= index < len(items) else None
+
+
+def _repetition_loop(token_ids: list[int] | None, text: str) -> str | None:
+    """A tail that repeats one short period at least 4 times over >= 32 tokens or chars."""
+    sequence: list = list(token_ids) if token_ids else list(text)
+    tail = sequence[-64:]
+    if len(tail) < 32:
+        return None
+    for period in range(1, 17):
+        repeats = 1
+        while (repeats + 1) * period <= len(tail) and (
+            tail[-(repeats + 1) * period : -repeats * period] == tail[-period:]
+        ):
+            repeats += 1
+        if repeats >= 4 and repeats * period >= 32:
+            return f"period {period} repeated {repeats}x at the end"
+    return None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def content_pathologies(record: RequestRecord, max_tokens: int | None) -> list[tuple[str, str]]:
+    """(kind, detail) for what is wrong with one response on its own."""
+    if record.error is not None:
+        kind = record.error.split(":", 1)[0].strip() or "error"
+        return [(kind, record.error)]
+    found = []
+    if record.text == "":
+        found.append(("empty_output", f"finish_reason={record.finish_reason}"))
+    if "\ufffd" in record.text:
+        found.append(("replacement_char", f"{record.text.count(chr(0xFFFD))} x U+FFFD"))
+    if _LONE_SURROGATE.search(record.text):
+        found.append(("invalid_utf8", "lone surrogate in decoded text"))
+    loop = _repetition_loop(record.token_ids, record.text)
+    if loop:
+        found.append(("repetition_loop", loop))
+    if (
+        max_tokens is not None
+        and record.output_tokens is not None
+        and record.output_tokens > max_tokens
+    ):
+        found.append(("length_overrun", f"{record.output_tokens} > max_tokens {max_tokens}"))
+    return found
+
+
+def is_transport_error(kind: str) -> bool:
+    return kind.startswith(TRANSPORT_ERRORS)
+
+
+def pair_pathologies(
+    reference: RequestRecord, candidate: RequestRecord, max_tokens: int | None
+) -> tuple[Pathology, ...]:
+    ref_found = content_pathologies(reference, max_tokens)
+    cand_found = content_pathologies(candidate, max_tokens)
+    ref_kinds = {kind for kind, _ in ref_found}
+    found = [Pathology("reference", kind, detail, False) for kind, detail in ref_found]
+    found += [
+        Pathology("candidate", kind, detail, kind not in ref_kinds) for kind, detail in cand_found
+    ]
+    both_answered = candidate.error is None and reference.error is None
+    if both_answered and candidate.finish_reason == "length" and reference.finish_reason == "stop":
+        found.append(
+            Pathology("candidate", "length_runaway", "hit max_tokens; reference stopped", True)
+        )
+    return tuple(found)
+
+
+def compare_pairs(
+    reference: list[RequestRecord],
+    candidate: list[RequestRecord],
+    near_tie_margin: float,
+    max_tokens: int | None = None,
+) -> list[PairResult]:
+    """Pair by request_id (both sides get the same ordered requests) and compare each pair."""
+    by_id = {record.request_id: record for record in candidate}
+    missing = [record.request_id for record in reference if record.request_id not in by_id]
+    if missing:
+        raise ValueError(
+            f"candidate has no result for {len(missing)} request(s), e.g. {missing[0]}"
+        )
+    results = []
+    for ref in reference:
+        cand = by_id[ref.request_id]
+        pathologies = pair_pathologies(ref, cand, max_tokens)
+        both_answered = ref.error is None and cand.error is None
+        divergence = first_divergence(ref, cand, near_tie_margin) if both_answered else None
+        results.append(
+            PairResult(
+                request_id=ref.request_id,
+                prompt_id=ref.prompt_id,
+                level=ref.level,
+                repeat=ref.repeat,
+                index=ref.index,
+                identical=both_answered and divergence is None,
+                divergence=divergence,
+                pathologies=pathologies,
+            )
+        )
+    return results

@@ -1,0 +1,211 @@
+"""Teacher-forced drift: replay each reference prompt+completion as token ids on both sides with
+`prompt_logprobs` and compare the logprob each side gives the same next token.
+
+Text equality hides small bugs (a broken kernel can still pick the same greedy tokens) and
+exaggerates benign ones (a bf16 near-tie flips a token). Forcing both sides along the same token
+sequence measures how far the candidate's distribution moved, position by position. Runs after
+the load phase and is not counted in performance numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from rig.load import RequestRecord, ServerTarget
+
+DRIFT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class ForcedSequence:
+    """One sequence to replay: the reference's prompt and greedy completion, as token ids."""
+
+    prompt_id: str
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+
+    @property
+    def key(self) -> tuple[str, tuple[int, ...]]:
+        return (self.prompt_id, self.completion_token_ids)
+
+
+@dataclass(frozen=True)
+class DriftResult:
+    """|Δ logprob| of the forced tokens between the sides: completion positions gate the run,
+    prompt positions show how much the prefill itself moved."""
+
+    prompt_id: str
+    completion_tokens: int
+    max_abs: float
+    mean_abs: float
+    p99_abs: float
+    prompt_max_abs: float
+    prompt_mean_abs: float
+    nonfinite: int
+    error: str | None = None
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def drift_between(
+    sequence: ForcedSequence, reference: list[float | None], candidate: list[float | None]
+) -> DriftResult:
+    """Compare two prompt_logprobs vectors over the same forced sequence."""
+    prompt_len = len(sequence.prompt_token_ids)
+    deltas_prompt, deltas_completion, nonfinite = [], [], 0
+    for position in range(1, min(len(reference), len(candidate))):
+        a, b = reference[position], candidate[position]
+        if a is None or b is None:
+            continue
+        if not (math.isfinite(a) and math.isfinite(b)):
+            nonfinite += 1
+            continue
+        (deltas_completion if position >= prompt_len else deltas_prompt).append(abs(a - b))
+    completion = deltas_completion or [0.0]
+    prompt = deltas_prompt or [0.0]
+    return DriftResult(
+        prompt_id=sequence.prompt_id,
+        completion_tokens=len(deltas_completion),
+        max_abs=max(completion),
+        mean_abs=sum(completion) / len(completion),
+        p99_abs=_quantile(completion, 0.99),
+        prompt_max_abs=max(prompt),
+        prompt_mean_abs=sum(prompt) / len(prompt),
+        nonfinite=nonfinite,
+    )
+
+
+def _headers(target: ServerTarget) -> dict[str, str]:
+    return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+
+
+async def tokenize(
+    session: aiohttp.ClientSession, target: ServerTarget, body: dict
+) -> tuple[int, ...]:
+    """The server's own tokenization of a prompt (vLLM's /tokenize), so replay matches serving."""
+    async with session.post(
+        f"{target.base_url}/tokenize",
+        json={"model": target.model, **body},
+        headers=_headers(target),
+    ) as response:
+        payload = await response.json(content_type=None)
+        if response.status != 200:
+            raise RuntimeError(f"/tokenize answered {response.status}: {payload}")
+        return tuple(payload["tokens"])
+
+
+def _forced_logprob(entry: dict | None, token_id: int) -> float | None:
+    if entry is None:
+        return None
+    found = entry.get(str(token_id)) or entry.get(token_id)
+    if found is None:
+        return None
+    return float(found["logprob"] if isinstance(found, dict) else found)
+
+
+async def teacher_forced_logprobs(
+    session: aiohttp.ClientSession, target: ServerTarget, token_ids: tuple[int, ...], salt: str
+) -> list[float | None]:
+    """Logprob the server gives each forced token (index i: token i given tokens < i)."""
+    body = {
+        "model": target.model,
+        "prompt": list(token_ids),
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": 1,
+        "cache_salt": salt,
+    }
+    async with session.post(
+        f"{target.base_url}/v1/completions", json=body, headers=_headers(target)
+    ) as response:
+        payload = await response.json(content_type=None)
+        if response.status != 200:
+            raise RuntimeError(f"prompt_logprobs request answered {response.status}: {payload}")
+    choice = payload["choices"][0]
+    entries = choice.get("prompt_logprobs") or payload.get("prompt_logprobs") or []
+    return [_forced_logprob(entry, token) for entry, token in zip(entries, token_ids, strict=False)]
+
+
+async def _measure(
+    sequences: list[ForcedSequence],
+    reference: ServerTarget,
+    candidate: ServerTarget,
+    salt_prefix: str,
+) -> list[DriftResult]:
+    timeout = aiohttp.ClientTimeout(total=DRIFT_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        results = []
+        for index, sequence in enumerate(sequences):
+            tokens = sequence.prompt_token_ids + sequence.completion_token_ids
+            try:
+                # One sequence at a time, both sides at once: batch composition stays fixed.
+                ref_lp, cand_lp = await asyncio.gather(
+                    teacher_forced_logprobs(session, reference, tokens, f"{salt_prefix}-r{index}"),
+                    teacher_forced_logprobs(session, candidate, tokens, f"{salt_prefix}-c{index}"),
+                )
+            except (TimeoutError, aiohttp.ClientError, RuntimeError, KeyError) as exc:
+                results.append(
+                    DriftResult(
+                        sequence.prompt_id,
+                        0,
+                        math.nan,
+                        math.nan,
+                        math.nan,
+                        math.nan,
+                        math.nan,
+                        0,
+                        error=f"{type(exc).__name__}: {exc}"[:300],
+                    )
+                )
+                continue
+            results.append(drift_between(sequence, ref_lp, cand_lp))
+        return results
+
+
+def measure_drift(
+    sequences: list[ForcedSequence],
+    reference: ServerTarget,
+    candidate: ServerTarget,
+    salt_prefix: str,
+) -> list[DriftResult]:
+    return asyncio.run(_measure(sequences, reference, candidate, salt_prefix))
+
+
+async def _forced_sequences(
+    records: list[RequestRecord], prompt_bodies: dict[str, dict], target: ServerTarget
+) -> list[ForcedSequence]:
+    seen: dict[tuple, ForcedSequence] = {}
+    prompt_tokens: dict[str, tuple[int, ...]] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for record in records:
+            if record.error is not None or not record.token_ids:
+                continue
+            if record.prompt_id not in prompt_tokens:
+                prompt_tokens[record.prompt_id] = await tokenize(
+                    session, target, prompt_bodies[record.prompt_id]
+                )
+            sequence = ForcedSequence(
+                record.prompt_id, prompt_tokens[record.prompt_id], tuple(record.token_ids)
+            )
+            seen.setdefault(sequence.key, sequence)
+    return list(seen.values())
+
+
+def forced_sequences(
+    records: list[RequestRecord], prompt_bodies: dict[str, dict], target: ServerTarget
+) -> list[ForcedSequence]:
+    """Unique (prompt, reference completion) pairs; prompt_bodies: /tokenize bodies by prompt id."""
+    return asyncio.run(_forced_sequences(records, prompt_bodies, target))
