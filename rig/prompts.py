@@ -1,0 +1,383 @@
+"""Prompt loading: one typed record per prompt, whatever file format it came from.
+
+Both sides of a comparison must receive byte-identical requests, so every supported format is
+reduced to the same `Prompt` (an id plus chat messages) before anything is sent. Files are read
+completely and validated before the first request: a bad line fails the run up front, naming the
+file, the line and the problem, rather than after an hour of serving.
+
+Supported formats, detected from the content:
+- JSONL, one object per line, each with one of
+  `prompt` (a string), `messages` (OpenAI chat messages), `turns` (MT-bench; first turn only)
+  or `conversations` (ShareGPT);
+- a JSON array of such objects (ShareGPT files are arrays of `{"id", "conversations"}`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_ROLE_LABELS = {"system": "System", "user": "User", "assistant": "Assistant"}
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+_PROMPT_KEYS = ("prompt", "messages", "turns", "conversations")
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be used; the message names the file, the place and the problem."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request's input; `source` says where it came from (file:line, or the generator call)."""
+
+    id: str
+    messages: tuple[ChatMessage, ...]
+    source: str
+    category: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The prompt for the completions endpoint.
+
+        A single message is sent as its bare content. A conversation becomes a plain transcript
+        ending in "Assistant:" so that a completion model continues as the assistant.
+        """
+        if len(self.messages) == 1:
+            return self.messages[0].content
+        turns = [f"{_ROLE_LABELS.get(m.role, m.role.title())}: {m.content}" for m in self.messages]
+        if self.messages[-1].role != "assistant":
+            turns.append("Assistant:")
+        return "\n\n".join(turns)
+
+    def messages_as_dicts(self) -> list[dict[str, str]]:
+        """The `messages` field of a chat-completions request."""
+        return [{"role": m.role, "content": m.content} for m in self.messages]
+
+
+def load_prompts(path: Path, limit: int | None = None) -> list[Prompt]:
+    """Read and validate every prompt in `path`, then return the first `limit` (all if None)."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of prompts or None, got {limit}")
+    path = Path(path)
+    try:
+        content = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PromptFileError(f"{path}: prompt file not found") from None
+    except IsADirectoryError:
+        raise PromptFileError(f"{path}: is a directory, not a prompt file") from None
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+
+    if content.lstrip().startswith("["):
+        records = _json_array_records(path, content)
+    else:
+        records = _jsonl_records(path, content)
+    if not records:
+        raise PromptFileError(f"{path}: empty file, no prompts in it")
+
+    prompts: list[Prompt] = []
+    first_seen: dict[str, str] = {}
+    for place, number, record in records:
+        prompt = _parse_record(path, place, number, record)
+        if prompt.id in first_seen:
+            raise PromptFileError(
+                f"{path}: {place}: duplicate id {prompt.id!r} "
+                f"(first used at {first_seen[prompt.id]})"
+            )
+        first_seen[prompt.id] = place
+        prompts.append(prompt)
+    return prompts if limit is None else prompts[:limit]
+
+
+def _jsonl_records(path: Path, content: str) -> list[tuple[str, int, Any]]:
+    """(place, number, decoded object) per non-blank line; numbers are 1-based line numbers."""
+    records = []
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((f"line {number}", number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{path}: line {number}: invalid JSON ({exc.msg})") from None
+    return records
+
+
+def _json_array_records(path: Path, content: str) -> list[tuple[str, int, Any]]:
+    """(place, number, decoded object) per array element; numbers are 1-based entry numbers."""
+    try:
+        entries = json.loads(content)
+    except json.JSONDecodeError as exc:
+        raise PromptFileError(
+            f"{path}: line {exc.lineno}: invalid JSON ({exc.msg}, column {exc.colno})"
+        ) from None
+    if not isinstance(entries, list):
+        raise PromptFileError(f"{path}: expected a JSON array of prompt objects")
+    return [(f"entry {number}", number, entry) for number, entry in enumerate(entries, start=1)]
+
+
+def _parse_record(path: Path, place: str, number: int, record: Any) -> Prompt:
+    where = f"{path}: {place}"
+    if not isinstance(record, dict):
+        raise PromptFileError(f"{where}: wrong type, expected a JSON object, got {_kind(record)}")
+    key = next((k for k in _PROMPT_KEYS if k in record), None)
+    if key is None:
+        raise PromptFileError(
+            f"{where}: no prompt field (expected one of {', '.join(map(repr, _PROMPT_KEYS))})"
+        )
+    if key == "prompt":
+        messages = (ChatMessage("user", _text(where, "prompt", record["prompt"])),)
+    elif key == "messages":
+        messages = _chat_messages(where, record["messages"])
+    elif key == "turns":
+        messages = _first_turn(where, record["turns"])
+    else:
+        messages = _sharegpt_messages(where, record["conversations"])
+    category = record.get("category")
+    if category is not None and not isinstance(category, str):
+        raise PromptFileError(f"{where}: wrong type for 'category', expected a string")
+    return Prompt(
+        id=_prompt_id(where, record, f"{path.stem}-{number}"),
+        messages=messages,
+        source=f"{path}, {place}",
+        category=category,
+    )
+
+
+def _prompt_id(where: str, record: dict[str, Any], fallback: str) -> str:
+    for key in ("id", "question_id"):
+        if key not in record:
+            continue
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise PromptFileError(f"{where}: wrong type for {key!r}, expected a string or integer")
+        if isinstance(value, str) and not value.strip():
+            raise PromptFileError(f"{where}: empty {key!r}")
+        return str(value)
+    return fallback
+
+
+def _text(where: str, field: str, value: Any) -> str:
+    """A non-blank string; surrounding whitespace is kept because it is part of the prompt."""
+    if not isinstance(value, str):
+        raise PromptFileError(
+            f"{where}: wrong type for {field!r}, expected a string, got {_kind(value)}"
+        )
+    if not value.strip():
+        raise PromptFileError(f"{where}: empty prompt in {field!r}")
+    return value
+
+
+def _list(where: str, field: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise PromptFileError(
+            f"{where}: wrong type for {field!r}, expected a list, got {_kind(value)}"
+        )
+    if not value:
+        raise PromptFileError(f"{where}: empty prompt, {field!r} is an empty list")
+    return value
+
+
+def _chat_messages(where: str, value: Any) -> tuple[ChatMessage, ...]:
+    messages = []
+    for index, message in enumerate(_list(where, "messages", value)):
+        field = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise PromptFileError(f"{where}: wrong type for {field!r}, expected an object")
+        role = message.get("role")
+        if role not in _ROLE_LABELS:
+            raise PromptFileError(
+                f"{where}: {field} has role {role!r}, expected 'system', 'user' or 'assistant'"
+            )
+        messages.append(ChatMessage(role, _text(where, f"{field}.content", message.get("content"))))
+    if not any(m.role == "user" for m in messages):
+        raise PromptFileError(f"{where}: no prompt, 'messages' has no user message")
+    return tuple(messages)
+
+
+def _first_turn(where: str, value: Any) -> tuple[ChatMessage, ...]:
+    turns = _list(where, "turns", value)
+    return (ChatMessage("user", _text(where, "turns[0]", turns[0])),)
+
+
+def _sharegpt_messages(where: str, value: Any) -> tuple[ChatMessage, ...]:
+    """Messages up to and including the first human turn: later turns answer another model."""
+    messages = []
+    for index, turn in enumerate(_list(where, "conversations", value)):
+        field = f"conversations[{index}]"
+        if not isinstance(turn, dict):
+            raise PromptFileError(f"{where}: wrong type for {field!r}, expected an object")
+        role = _SHAREGPT_ROLES.get(turn.get("from"))
+        if role is None:
+            raise PromptFileError(
+                f"{where}: {field} has 'from' {turn.get('from')!r}, "
+                "expected 'human', 'gpt' or 'system'"
+            )
+        messages.append(ChatMessage(role, _text(where, f"{field}.value", turn.get("value"))))
+        if role == "user":
+            return tuple(messages)
+    raise PromptFileError(f"{where}: no prompt, 'conversations' has no human turn")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+# The long-prompt vocabulary: sections of a made-up town's yearly report. Slots in braces are
+# filled from the lists below, so a seed chooses both the order of sentences and their details.
+_LONG_SECTIONS = {
+    "The harbour": [
+        "The harbour handled {count} fishing boats this year, a few more than the year before.",
+        "Most of the catch was mackerel and crab, sold at the early market on {weekday} mornings.",
+        "{name} repaired the north breakwater after the spring storms loosened several stones.",
+        "A new crane was installed on the east quay, which shortened unloading times considerably.",
+        "Visitors often asked about the old customs house, which now holds a small museum.",
+        "The harbour master recorded the highest tide of the decade in the first week of {month}.",
+        "Silt had built up near the slipway, so the channel was dredged over two calm weeks.",
+        "Several families still mend their own nets on the harbour wall, as their parents did.",
+    ],
+    "Schools and learning": [
+        "The primary school enrolled {count} pupils and opened a second reading room.",
+        "{name} ran an evening course in bookkeeping that filled up within a few days.",
+        "Older students built a weather station on the school roof and post its readings.",
+        "The library extended its opening hours on {weekday}s after a petition from parents.",
+        "A travelling science fair stopped in {town} in {month} and drew crowds.",
+        "Teachers reported that attendance improved once the bus timetable was changed.",
+        "The adult language classes now cover Spanish, Polish and basic sign language.",
+        "Donated laptops were refurbished by volunteers and lent to pupils without a computer.",
+    ],
+    "Parks and gardens": [
+        "Volunteers planted {count} trees along the river path, mostly oak, alder and rowan.",
+        "The rose garden behind the town hall was replanted after years of neglect.",
+        "{name} proposed a community orchard on the empty plot beside the railway station.",
+        "A pair of herons nested by the mill pond for the first time in living memory.",
+        "Dog owners and cyclists agreed on separate paths through the common.",
+        "The allotments had a waiting list of more than two years by the end of {month}.",
+        "Wildflower strips were left unmown along the verges, and bees returned within a season.",
+        "The bandstand in the park was repainted in its original green and cream.",
+    ],
+    "Roads and transport": [
+        "The coast road was resurfaced between the lighthouse and the quarry in {month}.",
+        "{name} chaired the committee that finally agreed on a route for the new cycle lane.",
+        "Buses to the county town now run every {minutes} minutes instead of once an hour.",
+        "A footbridge over the railway replaced the level crossing parents feared.",
+        "Parking in the market square was limited to two hours on {weekday}s.",
+        "The old goods yard was cleared, and part of it now serves as a car park for the station.",
+        "Complaints about potholes fell once the trust website had a reporting form.",
+        "A night bus was trialled over the summer and will continue if ridership holds.",
+    ],
+    "Heritage and culture": [
+        "The {year} festival drew around {count} visitors over three days of music and food.",
+        "{name} catalogued the parish records, some of which date back four centuries.",
+        "The windmill on the hill turned its sails again after a long restoration.",
+        "A local choir recorded an album of sea shanties collected from retired fishermen.",
+        "The trust received a grant to repair the stained glass in the chapel of rest.",
+        "An exhibition of old photographs showed the high street as it looked a hundred years ago.",
+        "Storytelling evenings on the last {weekday} of each month were well attended.",
+        "The town's oldest pub was listed as a building of historic interest in {month}.",
+    ],
+    "Finances": [
+        "Membership fees and donations covered most of the trust's running costs this year.",
+        "The accounts show a small surplus of {amount} pounds, which was set aside for repairs.",
+        "{name} stepped down as treasurer after eleven years of service.",
+        "Insurance premiums rose again, largely because of flood risk near the river.",
+        "A charity auction in {month} raised enough to replace the roof of the scout hut.",
+        "The trust now publishes its spending every quarter so members can follow each project.",
+        "Grants from the county council fell, so more of the work relied on volunteers.",
+        "The board agreed to keep the membership fee unchanged for at least another year.",
+    ],
+}
+_LONG_TOWNS = ["Harrowby", "Calder Sands", "Westmere", "Penlow", "Ashcombe", "Kirkhaven"]
+_LONG_FILLERS = {
+    "name": [
+        "Margaret Ellison",
+        "Tomasz Nowak",
+        "Aisha Rahman",
+        "Owen Pritchard",
+        "Lucía Ortega",
+        "Hiroshi Tanaka",
+        "Grace Obi",
+        "Dermot Kelly",
+        "Ingrid Solberg",
+        "Ravi Menon",
+    ],
+    "weekday": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"],
+    "month": ["January", "March", "April", "June", "August", "September", "October", "November"],
+    "count": ["forty", "sixty-two", "eighty", "120", "215", "three hundred", "1,400"],
+    "minutes": ["twenty", "thirty", "forty"],
+    "amount": ["1,250", "3,900", "6,400", "12,800"],
+}
+_LONG_QUESTION = (
+    "Question: According to the reports above, what is the archive reference of the collection, "
+    "and which two projects would you say mattered most to the town? Answer in one paragraph."
+)
+_LONG_NEEDLE = "For the record, the archive reference of this collection is {reference}."
+
+
+def build_long_prompt(target_tokens: int, seed: int = 0) -> Prompt:
+    """A deterministic document of about `target_tokens` tokens followed by a question.
+
+    Long prompts exercise the chunked prefill across many chunks (and prefix-cache block
+    boundaries). Length assumption: English prose at ~4 characters (~0.75 words) per token, so
+    the text is cut at 4 * target_tokens characters, give or take one sentence (targets under
+    ~100 tokens still get one section); real tokenizers land within roughly +-25%. The document
+    is a run of yearly reports of a made-up town's civic trust; the seed picks the town, the
+    first year, the order and details of the sentences and where an archive reference (which the
+    closing question asks for) is placed.
+    """
+    if target_tokens < 1:
+        raise ValueError(f"target_tokens must be positive, got {target_tokens}")
+    rng = random.Random(f"rig-long-prompt-{seed}")
+    town = rng.choice(_LONG_TOWNS)
+    year = rng.randrange(1990, 2015)
+    needle = _LONG_NEEDLE.format(
+        reference=f"{rng.choice('BCDFGHJKLMNPRSTVWXZ')}-{rng.randrange(1000, 10000)}"
+    )
+    needle_at = rng.randrange(max(1, 3 * target_tokens))
+    budget = 4 * target_tokens - len(_LONG_QUESTION)
+
+    blocks: list[str] = []
+    used = 0  # length of "\n\n".join(blocks) plus the separator before the next block
+    while not blocks or used < budget:  # even a tiny target gets one section and the needle
+        blocks.append(f"# Annual report of the {town} civic trust, {year}")
+        used += len(blocks[-1]) + 2
+        for heading in rng.sample(list(_LONG_SECTIONS), len(_LONG_SECTIONS)):
+            section = f"## {heading}\n\n"
+            for template in rng.sample(_LONG_SECTIONS[heading], rng.randint(3, 6)):
+                slots = {key: rng.choice(values) for key, values in _LONG_FILLERS.items()}
+                section += ("" if section.endswith("\n") else " ") + template.format(
+                    town=town, year=year, **slots
+                )
+                if needle and used + len(section) >= needle_at:
+                    section += " " + needle
+                    needle = ""
+                if used + len(section) >= budget:
+                    break
+            blocks.append(section)
+            used += len(section) + 2
+            if used >= budget:
+                break
+        year += 1
+    text = "\n\n".join([*blocks, _LONG_QUESTION])
+    return Prompt(
+        id=f"long-{target_tokens}-{seed}",
+        messages=(ChatMessage("user", text),),
+        source=f"build_long_prompt(target_tokens={target_tokens}, seed={seed})",
+        category="long",
+    )
