@@ -139,49 +139,64 @@ async def teacher_forced_logprobs(
     return [_forced_logprob(entry, token) for entry, token in zip(entries, token_ids, strict=False)]
 
 
-async def _measure(
-    sequences: list[ForcedSequence],
-    reference: ServerTarget,
-    candidate: ServerTarget,
-    salt_prefix: str,
-) -> list[DriftResult]:
+@dataclass(frozen=True)
+class ForcedLogprobs:
+    """One side's logprobs along one forced sequence, or why there are none."""
+
+    logprobs: tuple[float | None, ...] = ()
+    error: str | None = None
+
+
+async def _replay(
+    sequences: list[ForcedSequence], targets: list[ServerTarget], salt_prefix: str
+) -> dict[str, list[ForcedLogprobs]]:
     timeout = aiohttp.ClientTimeout(total=DRIFT_TIMEOUT_S)
+    replayed: dict[str, list[ForcedLogprobs]] = {target.side: [] for target in targets}
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        results = []
         for index, sequence in enumerate(sequences):
             tokens = sequence.prompt_token_ids + sequence.completion_token_ids
-            try:
-                # One sequence at a time, both sides at once: batch composition stays fixed.
-                ref_lp, cand_lp = await asyncio.gather(
-                    teacher_forced_logprobs(session, reference, tokens, f"{salt_prefix}-r{index}"),
-                    teacher_forced_logprobs(session, candidate, tokens, f"{salt_prefix}-c{index}"),
-                )
-            except (TimeoutError, aiohttp.ClientError, RuntimeError, KeyError) as exc:
-                results.append(
-                    DriftResult(
-                        sequence.prompt_id,
-                        0,
-                        math.nan,
-                        math.nan,
-                        math.nan,
-                        math.nan,
-                        math.nan,
-                        0,
-                        error=f"{type(exc).__name__}: {exc}"[:300],
+            # One sequence at a time (all sides at once): the batch composition stays fixed.
+            answers = await asyncio.gather(
+                *(
+                    teacher_forced_logprobs(
+                        session, target, tokens, f"{salt_prefix}.{target.side}.{index}"
                     )
-                )
-                continue
-            results.append(drift_between(sequence, ref_lp, cand_lp))
-        return results
+                    for target in targets
+                ),
+                return_exceptions=True,
+            )
+            for target, answer in zip(targets, answers, strict=True):
+                if isinstance(answer, BaseException):
+                    if not isinstance(answer, Exception):
+                        raise answer
+                    error = f"{type(answer).__name__}: {answer}"[:300]
+                    replayed[target.side].append(ForcedLogprobs(error=error))
+                else:
+                    replayed[target.side].append(ForcedLogprobs(tuple(answer)))
+    return replayed
 
 
-def measure_drift(
+def replay_forced(
+    sequences: list[ForcedSequence], targets: list[ServerTarget], salt_prefix: str
+) -> dict[str, list[ForcedLogprobs]]:
+    """Teacher-forced logprobs of every sequence on every target (targets replay concurrently)."""
+    return asyncio.run(_replay(sequences, targets, salt_prefix))
+
+
+def drift_results(
     sequences: list[ForcedSequence],
-    reference: ServerTarget,
-    candidate: ServerTarget,
-    salt_prefix: str,
+    reference: list[ForcedLogprobs],
+    candidate: list[ForcedLogprobs],
 ) -> list[DriftResult]:
-    return asyncio.run(_measure(sequences, reference, candidate, salt_prefix))
+    results = []
+    for sequence, ref, cand in zip(sequences, reference, candidate, strict=True):
+        error = ref.error or cand.error
+        if error is not None:
+            nan = math.nan
+            results.append(DriftResult(sequence.prompt_id, 0, nan, nan, nan, nan, nan, 0, error))
+        else:
+            results.append(drift_between(sequence, list(ref.logprobs), list(cand.logprobs)))
+    return results
 
 
 async def _forced_sequences(

@@ -1,0 +1,196 @@
+"""The verdict: which gates hold, and the word that goes first in every report.
+
+Words: "identical"; "equivalent up to near-ties" (every text divergence sits at a reference
+top-1/top-2 margin within the near-tie bound, drift under its threshold), with "within the A/A
+noise floor" when an A/A control measured at least as many divergences; "NOT equivalent";
+and "INVALID" when the run cannot vouch for the kernel under test (it never ran, or both sides
+ran the same kernel).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from rig.compare import PairResult, is_transport_error
+from rig.drift import DriftResult
+from rig.scenario import GatesConfig
+
+
+@dataclass(frozen=True)
+class SideKernel:
+    """Which GDN prefill kernel one side ran and how often (from the plugin's proof)."""
+
+    side: str
+    kernel: str | None
+    calls: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Counts:
+    pairs: int
+    identical: int
+    near_tie: int
+    substantive: int
+    pathologies: int
+    prefix_cache_hits: float
+    drift_mean: float
+    drift_max: float
+    drift_errors: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    word: str
+    passed: bool
+    gates: tuple[Gate, ...]
+    counts: Counts
+    aa_counts: Counts | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def failed_gates(self) -> list[Gate]:
+        return [gate for gate in self.gates if not gate.passed]
+
+
+def count(
+    pairs: list[PairResult], drift: list[DriftResult], prefix_cache_hits: float = 0.0
+) -> Counts:
+    near = sum(1 for p in pairs if p.divergence is not None and p.divergence.kind == "near_tie")
+    substantive = sum(1 for p in pairs if p.substantive)
+    gating = sum(
+        1
+        for p in pairs
+        for path in p.pathologies
+        if path.candidate_only or is_transport_error(path.kind)
+    )
+    measured = [d for d in drift if d.error is None]
+    return Counts(
+        pairs=len(pairs),
+        identical=sum(1 for p in pairs if p.identical),
+        near_tie=near,
+        substantive=substantive,
+        pathologies=gating,
+        prefix_cache_hits=prefix_cache_hits,
+        drift_mean=(sum(d.mean_abs for d in measured) / len(measured)) if measured else math.nan,
+        drift_max=max((d.max_abs for d in measured), default=math.nan),
+        drift_errors=len(drift) - len(measured),
+    )
+
+
+def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: bool) -> Gate:
+    ref, cand = kernels.get("reference"), kernels.get("candidate")
+    if ref is None or cand is None:
+        return Gate("candidate kernel active", False, "no kernel proof for one of the sides")
+    seen = (
+        f"reference ran {ref.kernel} ({ref.calls} calls), "
+        f"candidate ran {cand.kernel} ({cand.calls} calls)"
+    )
+    if is_aa:
+        ok = ref.kernel == cand.kernel
+        return Gate("candidate kernel active", ok, f"A/A run: {seen}")
+    if requested is not None and cand.kernel != requested:
+        return Gate(
+            "candidate kernel active",
+            False,
+            f"candidate asked for {requested} but {seen}: the candidate kernel never served",
+        )
+    if cand.calls <= 0:
+        return Gate("candidate kernel active", False, f"{seen}: no prefill call reached it")
+    if ref.kernel == cand.kernel:
+        return Gate("candidate kernel active", False, f"both sides ran the same kernel: {seen}")
+    return Gate("candidate kernel active", True, seen)
+
+
+def decide(
+    gates_config: GatesConfig,
+    pairs: list[PairResult],
+    drift: list[DriftResult],
+    prefix_cache_hits: float,
+    kernels: dict[str, SideKernel],
+    requested_kernel: str | None,
+    is_aa: bool,
+    log_faults: int = 0,
+    deltas: pd.DataFrame | None = None,
+    aa_pairs: list[PairResult] | None = None,
+    aa_drift: list[DriftResult] | None = None,
+) -> Verdict:
+    counts = count(pairs, drift, prefix_cache_hits)
+    aa_counts = count(aa_pairs, aa_drift or []) if aa_pairs is not None else None
+    g = gates_config
+    gates = [
+        Gate(
+            "substantive divergences",
+            counts.substantive <= g.max_substantive_divergences,
+            f"{counts.substantive} substantive (allowed {g.max_substantive_divergences}); "
+            f"{counts.near_tie} near-ties at margin <= {g.near_tie_margin}",
+        ),
+        Gate(
+            "pathologies",
+            counts.pathologies + log_faults <= g.max_pathologies,
+            f"{counts.pathologies} candidate-only or transport pathologies, "
+            f"{log_faults} server-log faults (allowed {g.max_pathologies})",
+        ),
+        Gate(
+            "prefix-cache hits",
+            prefix_cache_hits <= g.max_prefix_cache_hits,
+            f"{prefix_cache_hits:g} hits (allowed {g.max_prefix_cache_hits})",
+        ),
+    ]
+    if drift:
+        drift_ok = counts.drift_errors == 0
+        detail = f"mean |Δlogprob| {counts.drift_mean:.4f}, max {counts.drift_max:.4f}"
+        if g.max_mean_drift is not None:
+            drift_ok = drift_ok and counts.drift_mean <= g.max_mean_drift
+            detail += f" (mean allowed {g.max_mean_drift})"
+        if g.max_request_drift is not None:
+            drift_ok = drift_ok and counts.drift_max <= g.max_request_drift
+            detail += f" (max allowed {g.max_request_drift})"
+        if counts.drift_errors:
+            detail += f"; {counts.drift_errors} replays failed"
+        gates.append(Gate("teacher-forced drift", drift_ok, detail))
+    if aa_counts is not None and g.allow_near_ties_beyond_aa >= 0:
+        floor = aa_counts.pairs - aa_counts.identical
+        beyond = counts.near_tie - floor
+        gates.append(
+            Gate(
+                "near-ties beyond the A/A floor",
+                beyond <= g.allow_near_ties_beyond_aa,
+                f"{counts.near_tie} near-ties vs A/A floor {floor} "
+                f"(allowed beyond: {g.allow_near_ties_beyond_aa})",
+            )
+        )
+    if g.require_candidate_kernel:
+        gates.append(_kernel_gate(kernels, requested_kernel, is_aa))
+    if g.max_perf_regression_pct is not None and deltas is not None and not deltas.empty:
+        worst = deltas[[c for c in deltas.columns if c.endswith("_delta_pct")]].min().min()
+        gates.append(
+            Gate(
+                "performance",
+                not (worst < -g.max_perf_regression_pct),
+                f"worst delta {worst:+.2f}% (allowed -{g.max_perf_regression_pct}%)",
+            )
+        )
+    passed = all(gate.passed for gate in gates)
+    failed = {gate.name for gate in gates if not gate.passed}
+    if "candidate kernel active" in failed:
+        word = "INVALID"
+    elif failed & {"substantive divergences", "pathologies", "teacher-forced drift"}:
+        word = "NOT equivalent"
+    elif counts.identical == counts.pairs and counts.pairs > 0:
+        word = "identical"
+    elif aa_counts is not None and counts.near_tie <= aa_counts.pairs - aa_counts.identical:
+        word = "equivalent up to near-ties within the A/A noise floor"
+    else:
+        word = "equivalent up to near-ties"
+    return Verdict(word=word, passed=passed, gates=tuple(gates), counts=counts, aa_counts=aa_counts)

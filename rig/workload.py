@@ -1,0 +1,105 @@
+"""Turn a scenario's workload into the ordered request list of each level.
+
+The same ordered list goes to both sides; only the cache salt differs per side, so every request
+of the run carries a salt of its own (no prefix-cache hit can hide the prefill path).
+"""
+
+from __future__ import annotations
+
+import re
+
+from rig.load import RequestSpec, SamplingParams
+from rig.prompts import Prompt, build_long_prompt, load_prompts
+from rig.scenario import WorkloadConfig
+
+SALT_MAX = 128
+_SALT_FORBIDDEN = re.compile(r"[@/\\\x00]")
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be built; the message is one line meant for the user."""
+
+
+def resolve_prompts(workload: WorkloadConfig) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for source in workload.prompts:
+        if source.path is not None:
+            prompts += load_prompts(source.path, limit=source.limit)
+        else:
+            prompts += [
+                build_long_prompt(tokens, seed=source.seed) for tokens in source.long_tokens
+            ]
+    ids = [prompt.id for prompt in prompts]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise WorkloadError(f"prompt ids appear in more than one source: {', '.join(duplicates)}")
+    if not prompts:
+        raise WorkloadError("the workload's prompt sources hold no prompts")
+    return prompts
+
+
+def cache_salt(run_id: str, side: str, request_id: str) -> str:
+    """A salt unique within the run, obeying vLLM's rules: non-empty, at most 128 characters,
+    none of `@ / \\` or NUL."""
+    salt = _SALT_FORBIDDEN.sub("_", f"{run_id}.{side}.{request_id}")
+    if len(salt) > SALT_MAX:
+        salt = salt[-SALT_MAX:]
+    return salt
+
+
+def sampling_params(workload: WorkloadConfig) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=workload.max_tokens,
+        seed=workload.seed,
+        top_logprobs=workload.top_logprobs,
+        chat_template_kwargs=workload.chat_template_kwargs,
+        extra_body=dict(workload.extra_body),
+    )
+
+
+def level_requests(
+    workload: WorkloadConfig,
+    prompts: list[Prompt],
+    *,
+    level: int,
+    repeat: int,
+    side: str,
+    run_id: str,
+    tag: str = "",
+    count: int | None = None,
+) -> list[RequestSpec]:
+    """The ordered requests of one level: `requests_per_level` of them (default: one per prompt),
+    cycling through the prompts when more requests than prompts are asked for."""
+    total = count if count is not None else (workload.requests_per_level or len(prompts))
+    sampling = sampling_params(workload)
+    specs = []
+    for index in range(total):
+        prompt = prompts[index % len(prompts)]
+        request_id = f"{tag}c{level}-r{repeat}-{index:04d}"
+        specs.append(
+            RequestSpec(
+                request_id=request_id,
+                prompt_id=prompt.id,
+                level=level,
+                repeat=repeat,
+                index=index,
+                endpoint=workload.endpoint,
+                prompt=prompt.text if workload.endpoint == "completions" else None,
+                messages=(
+                    tuple(prompt.messages_as_dicts()) if workload.endpoint == "chat" else None
+                ),
+                cache_salt=cache_salt(run_id, side, request_id),
+                sampling=sampling,
+            )
+        )
+    return specs
+
+
+def tokenize_body(prompt: Prompt, workload: WorkloadConfig) -> dict:
+    """The /tokenize body that reproduces how the server tokenized this prompt when serving it."""
+    if workload.endpoint == "completions":
+        return {"prompt": prompt.text}
+    body: dict = {"messages": prompt.messages_as_dicts(), "add_generation_prompt": True}
+    if workload.chat_template_kwargs:
+        body["chat_template_kwargs"] = workload.chat_template_kwargs
+    return body
