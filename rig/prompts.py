@@ -251,6 +251,10 @@ _LONG_SECTIONS = {
         "The harbour master recorded the highest tide of the decade in the first week of {month}.",
         "Silt had built up near the slipway, so the channel was dredged over two calm weeks.",
         "Several families still mend their own nets on the harbour wall, as their parents did.",
+        "The lifeboat crew was called out {count} times, twice in a single night in {month}.",
+        "{name} started a weekly fish stall that sells directly to restaurants in {town}.",
+        "Mooring fees were raised slightly to pay for new ladders and lighting on the pontoons.",
+        "A seal pup that was found stranded on the slipway in {month} was returned to the sea.",
     ],
     "Schools and learning": [
         "The primary school enrolled {count} pupils and opened a second reading room.",
@@ -261,6 +265,10 @@ _LONG_SECTIONS = {
         "Teachers reported that attendance improved once the bus timetable was changed.",
         "The adult language classes now cover Spanish, Polish and basic sign language.",
         "Donated laptops were refurbished by volunteers and lent to pupils without a computer.",
+        "{name} organised a spelling bee that the whole of {town} seemed to attend.",
+        "The secondary school garden now supplies vegetables to the canteen twice a week.",
+        "A homework club meets in the church hall every {weekday} after lessons end.",
+        "Parents raised money for a minibus so that sports teams can travel to away matches.",
     ],
     "Parks and gardens": [
         "Volunteers planted {count} trees along the river path, mostly oak, alder and rowan.",
@@ -271,6 +279,10 @@ _LONG_SECTIONS = {
         "The allotments had a waiting list of more than two years by the end of {month}.",
         "Wildflower strips were left unmown along the verges, and bees returned within a season.",
         "The bandstand in the park was repainted in its original green and cream.",
+        "{name} led guided walks on {weekday} evenings to spot bats along the old canal.",
+        "The pond in the memorial garden was cleared of weed and restocked with native plants.",
+        "Benches with the names of long-serving volunteers were placed along the cliff walk.",
+        "A storm in {month} brought down an ancient beech, and its wood was carved into seats.",
     ],
     "Roads and transport": [
         "The coast road was resurfaced between the lighthouse and the quarry in {month}.",
@@ -281,6 +293,10 @@ _LONG_SECTIONS = {
         "The old goods yard was cleared, and part of it now serves as a car park for the station.",
         "Complaints about potholes fell once the trust website had a reporting form.",
         "A night bus was trialled over the summer and will continue if ridership holds.",
+        "{name} campaigned for a zebra crossing outside the school, and it was painted in {month}.",
+        "The harbour car park now has charging points for {count} electric cars.",
+        "Speed bumps on the high street divided opinion but slowed traffic noticeably.",
+        "A bicycle repair workshop opens in the old fire station every {weekday} morning.",
     ],
     "Heritage and culture": [
         "The {year} festival drew around {count} visitors over three days of music and food.",
@@ -291,6 +307,10 @@ _LONG_SECTIONS = {
         "An exhibition of old photographs showed the high street as it looked a hundred years ago.",
         "Storytelling evenings on the last {weekday} of each month were well attended.",
         "The town's oldest pub was listed as a building of historic interest in {month}.",
+        "{name} wrote a short history of {town}, and the first printing sold out in a month.",
+        "The cinema club showed silent films with live piano accompaniment in {month}.",
+        "Costumes from the pageant were mended and stored in the attic of the town hall.",
+        "A mural by pupils of the primary school now covers the wall of the bus shelter.",
     ],
     "Finances": [
         "Membership fees and donations covered most of the trust's running costs this year.",
@@ -301,6 +321,10 @@ _LONG_SECTIONS = {
         "The trust now publishes its spending every quarter so members can follow each project.",
         "Grants from the county council fell, so more of the work relied on volunteers.",
         "The board agreed to keep the membership fee unchanged for at least another year.",
+        "{name} set up online payments, which brought in younger members for the first time.",
+        "Rent from the two shops the trust owns on the high street rose in line with inflation.",
+        "The reserve fund now stands at {amount} pounds, enough for three months of costs.",
+        "An independent examiner checked the accounts in {month} and found them in good order.",
     ],
 }
 _LONG_TOWNS = ["Harrowby", "Calder Sands", "Westmere", "Penlow", "Ashcombe", "Kirkhaven"]
