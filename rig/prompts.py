@@ -43,7 +43,7 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class Prompt:
-    """One request's input; `source` says where it came from (file:line, or the generator call)."""
+    """One request's input; `source` says where it came from (file and line, or the generator)."""
 
     id: str
     messages: tuple[ChatMessage, ...]
@@ -80,6 +80,8 @@ def load_prompts(path: Path, limit: int | None = None) -> list[Prompt]:
         raise PromptFileError(f"{path}: prompt file not found") from None
     except IsADirectoryError:
         raise PromptFileError(f"{path}: is a directory, not a prompt file") from None
+    except OSError as exc:
+        raise PromptFileError(f"{path}: cannot read the prompt file ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
         raise PromptFileError(
             f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
@@ -201,7 +203,7 @@ def _chat_messages(where: str, value: Any) -> tuple[ChatMessage, ...]:
         if not isinstance(message, dict):
             raise PromptFileError(f"{where}: wrong type for {field!r}, expected an object")
         role = message.get("role")
-        if role not in _ROLE_LABELS:
+        if not isinstance(role, str) or role not in _ROLE_LABELS:
             raise PromptFileError(
                 f"{where}: {field} has role {role!r}, expected 'system', 'user' or 'assistant'"
             )
@@ -223,11 +225,11 @@ def _sharegpt_messages(where: str, value: Any) -> tuple[ChatMessage, ...]:
         field = f"conversations[{index}]"
         if not isinstance(turn, dict):
             raise PromptFileError(f"{where}: wrong type for {field!r}, expected an object")
-        role = _SHAREGPT_ROLES.get(turn.get("from"))
+        speaker = turn.get("from")
+        role = _SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
         if role is None:
             raise PromptFileError(
-                f"{where}: {field} has 'from' {turn.get('from')!r}, "
-                "expected 'human', 'gpt' or 'system'"
+                f"{where}: {field} has 'from' {speaker!r}, expected 'human', 'gpt' or 'system'"
             )
         messages.append(ChatMessage(role, _text(where, f"{field}.value", turn.get("value"))))
         if role == "user":

@@ -158,6 +158,8 @@ def test_limit_takes_the_first_prompts_but_validates_all(tmp_path):
         ('[{"conversations": [{"from": "gpt", "value": "hi"}]}]', "entry 1", "no human turn"),
         ('[{"conversations": [{"from": "bot", "value": "hi"}]}]', "entry 1", "'from' 'bot'"),
         ('[{"conversations": "x"}]', "entry 1", "wrong type"),
+        ('[{"conversations": [{"from": ["human"], "value": "x"}]}]', "entry 1", "'from' ['human']"),
+        ('{"messages": [{"role": ["user"], "content": "s"}]}\n', "line 1", "role ['user']"),
         ('[{"prompt": "a"},\n {"prompt": "b",}]', "line 2", "invalid JSON"),
         ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', "line 2", "duplicate id 'x'"),
         ("", "", "empty file"),
