@@ -17,7 +17,8 @@ CANDIDATE ?=
 ARGS      ?=
 RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(TP),--set model.tensor_parallel_size=$(TP)) \
-             $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE)) $(ARGS)
+             $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
+                 $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
 .PHONY: venv e2e test test-gpu tiny-model kernel-check bench-client lint format clean
 

@@ -144,6 +144,12 @@ class Scenario(_Strict):
     results_dir: Path = Path("results")
     run_id: str | None = None
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_shorthand(cls, value: Any) -> Any:
+        """`model: Qwen/Qwen3.5-397B-A17B-FP8` (or --set model=...) means the name alone."""
+        return {"name": value} if isinstance(value, str) else value
+
     def side(self, name: str) -> SideConfig:
         return getattr(self, name)
 
