@@ -1,0 +1,152 @@
+"""Server planning and lifecycle without vLLM: argv/env identical except declared differences,
+placement on disjoint cores or GPUs, port checks, and process-group cleanup."""
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rig.scenario import Scenario
+from rig.servers import (
+    Hardware,
+    Server,
+    ServerError,
+    ServerPlan,
+    ServerSet,
+    ensure_port_free,
+    plan_servers,
+    scan_log,
+)
+
+
+def scenario(**overrides) -> Scenario:
+    data = {
+        "name": "t",
+        "workload": {"prompts": [{"long_tokens": [100]}], "concurrency": [1]},
+        "candidate": {"kernel": "ns4", "env": {"EXTRA": "1"}, "serve_args": ["--foo"]},
+    }
+    data.update(overrides)
+    return Scenario.model_validate(data)
+
+
+def test_sides_differ_only_in_what_the_scenario_declares(tmp_path):
+    plan = plan_servers(scenario(), "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
+    ref, cand = plan.servers["reference"], plan.servers["candidate"]
+    strip = {"--port"}
+
+    def without_port(argv):
+        out, skip = [], False
+        for arg in argv:
+            if skip:
+                skip = False
+                continue
+            if arg in strip:
+                skip = True
+                continue
+            out.append(arg)
+        return out
+
+    assert without_port(cand.argv) == [*without_port(ref.argv), "--foo"]
+    ref_env = {k: v for k, v in ref.env.items() if k not in ("RIG_GDN_STATS_DIR",)}
+    cand_env = {k: v for k, v in cand.env.items() if k not in ("RIG_GDN_STATS_DIR",)}
+    assert {k: v for k, v in cand_env.items() if ref_env.get(k) != v} == {
+        "EXTRA": "1",
+        "RIG_GDN_KERNEL": "ns4",
+        "VLLM_CPU_OMP_THREADS_BIND": "1",
+    }
+    assert ref.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert "127.0.0.1" in ref.argv and ref.port != cand.port
+    assert plan.simultaneous
+
+
+def test_one_core_runs_sides_one_after_the_other(tmp_path):
+    plan = plan_servers(scenario(), "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(3,)))
+    assert plan.phases == (("reference",), ("candidate",))
+
+
+def test_gpus_are_split_by_tensor_parallel_size(tmp_path):
+    tp2 = scenario(model={"name": "x", "tensor_parallel_size": 2})
+    plan = plan_servers(tp2, "/m", tmp_path, Hardware(gpu_count=4, cpu_ids=(0,)))
+    assert plan.servers["reference"].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert plan.servers["candidate"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    short = plan_servers(tp2, "/m", tmp_path, Hardware(gpu_count=3, cpu_ids=(0,)))
+    assert not short.simultaneous
+
+
+def test_port_in_use_is_a_clear_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(ServerError, match=f"port {port}.*in use"):
+            ensure_port_free(port)
+
+
+def _plan(tmp_path: Path, argv: list[str]) -> ServerPlan:
+    return ServerPlan(
+        side="reference",
+        argv=tuple(argv),
+        env={},
+        host="127.0.0.1",
+        port=0,
+        log_path=tmp_path / "server.log",
+        stats_dir=tmp_path / "stats",
+        served_model="m",
+        kernel=None,
+    )
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping; a killed orphan may linger as a zombie until init reaps it."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    state = next(line for line in status.splitlines() if line.startswith("State:"))
+    return "zombie" not in state
+
+
+def test_stop_kills_the_whole_process_group(tmp_path):
+    """A server's children (vLLM's engine core and worker) must not outlive it, even when
+    they ignore SIGTERM."""
+    child_pid_file = tmp_path / "child.pid"
+    script = (
+        "import os, signal, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        f"open({str(child_pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)\n"
+    )
+    server = Server(_plan(tmp_path, [sys.executable, "-c", script]))
+    server.start()
+    deadline = time.monotonic() + 20
+    while not child_pid_file.exists() or not child_pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(child_pid_file.read_text())
+    assert _alive(child)
+    server.stop(grace_s=1)
+    time.sleep(0.2)
+    assert not _alive(child)
+    assert server.tmpdir is None
+
+
+def test_a_server_that_exits_fails_with_its_log_tail(tmp_path):
+    script = "print('model weights are missing'); raise SystemExit(3)"
+    with (
+        pytest.raises(ServerError, match="exited with code 3(.|\n)*model weights are missing"),
+        ServerSet([_plan(tmp_path, [sys.executable, "-c", script])], startup_timeout_s=30),
+    ):
+        pass
+
+
+def test_scan_log_finds_faults():
+    text = (
+        "INFO ok\nRuntimeError: CUDA error: an illegal memory access\n"
+        "Traceback (most recent call last):\n"
+    )
+    kinds = [fault.kind for fault in scan_log("candidate", text)]
+    assert kinds == ["cuda_error", "traceback"]
+    assert scan_log("reference", "INFO all fine\n") == []
