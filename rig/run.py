@@ -270,13 +270,13 @@ class Runner:
             self.state.forced[AA_SIDE] = replayed[AA_SIDE]
 
     def kernels(self) -> dict[str, SideKernel]:
-        from kernels.proof import read_kernel_proof
-
         proofs = {}
         for side in SIDES:
             plan = self.plan.servers[side]
             if plan.url is not None:
-                continue
+                continue  # attached servers: the rig cannot see their logs
+            from kernels.proof import read_kernel_proof
+
             proof = read_kernel_proof(plan.log_path, plan.stats_dir)
             proofs[side] = SideKernel(side, proof.kernel, proof.calls, proof.describe())
         return proofs

@@ -111,6 +111,8 @@ def ensure_port_free(port: int, host: str = "127.0.0.1") -> None:
 
 
 def _cpu_sets(cpu_ids: tuple[int, ...], count: int) -> list[str] | None:
+    if count == 0:
+        return []
     per_side = len(cpu_ids) // count
     if per_side < 1:
         return None
@@ -122,6 +124,8 @@ def _cpu_sets(cpu_ids: tuple[int, ...], count: int) -> list[str] | None:
 
 
 def _gpu_sets(gpu_count: int, tp: int, count: int) -> list[str] | None:
+    if count == 0:
+        return []
     if gpu_count < tp * count:
         return None
     return [",".join(str(g) for g in range(i * tp, (i + 1) * tp)) for i in range(count)]
