@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rig.cache import GoldenCache, GoldenEntry, golden_key
 from rig.compare import compare_pairs
 from rig.drift import (
     DriftResult,
@@ -115,7 +116,14 @@ def _counters(targets: dict[str, ServerTarget]) -> dict[str, tuple[float, float]
 
 
 class Runner:
-    def __init__(self, scenario: Scenario, run_id: str, run_dir: Path, model_path: str) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        run_id: str,
+        run_dir: Path,
+        model_path: str,
+        cache: GoldenCache | None,
+    ) -> None:
         self.scenario = scenario
         self.run_id = run_id
         self.run_dir = run_dir
@@ -125,6 +133,34 @@ class Runner:
         self.state = RunState()
         self.plan: LaunchPlan = plan_servers(scenario, model_path, run_dir, Hardware.detect())
         self.sink = RecordSink(run_dir / "requests.jsonl")
+        self.cache = cache
+        self.golden_key, self.golden_fields = golden_key(
+            scenario, self.plan.servers["reference"], model_path, self.prompts
+        )
+        self.golden: GoldenEntry | None = None
+        usable = (
+            cache is not None
+            and not scenario.control.aa
+            and self.plan.servers["reference"].url is None
+        )
+        if usable:
+            self.golden = cache.load(self.golden_key)
+        if self.golden is not None:
+            self.use_golden(self.golden)
+
+    def use_golden(self, golden: GoldenEntry) -> None:
+        """Take the reference side from the cache: only the candidate's server starts."""
+        self.state.records += golden.records
+        for record in golden.records:
+            self.sink(record)
+        self.state.sequences = golden.sequences
+        self.state.forced["reference"] = golden.forced
+        phases = tuple(
+            kept
+            for kept in (tuple(s for s in p if s != "reference") for p in self.plan.phases)
+            if kept
+        )
+        self.plan = LaunchPlan(servers=self.plan.servers, phases=phases)
 
     def targets(self, servers: dict[str, Server]) -> dict[str, ServerTarget]:
         return {
@@ -229,7 +265,7 @@ class Runner:
         if not self.scenario.drift.enabled:
             return
         targets = self.targets(servers)
-        if "reference" in targets:
+        if "reference" in targets and not self.state.sequences:
             bodies = {
                 pid: tokenize_body(p, self.scenario.workload)
                 for pid, p in self.prompts_by_id.items()
@@ -269,9 +305,28 @@ class Runner:
             replayed = replay_forced(self.state.sequences, [target], f"{self.run_id}.aa-drift")
             self.state.forced[AA_SIDE] = replayed[AA_SIDE]
 
+    def store_golden(self) -> None:
+        """Keep this run's reference results for the next candidate iteration."""
+        if self.cache is None or self.golden is not None or "reference" not in self.kernels():
+            return
+        entry = GoldenEntry(
+            source_run=self.run_id,
+            records=[r for r in self.state.records if r.side == "reference"],
+            sequences=self.state.sequences,
+            forced=self.state.forced.get("reference", []),
+            kernel=self.kernels()["reference"],
+            timings=dict(self.state.timings),
+        )
+        folder = self.cache.store(self.golden_key, self.golden_fields, entry)
+        print(f"rig: reference results stored in the golden cache: {folder}", flush=True)
+
     def kernels(self) -> dict[str, SideKernel]:
         proofs = {}
+        if self.golden is not None:
+            proofs["reference"] = self.golden.kernel
         for side in SIDES:
+            if side == "reference" and self.golden is not None:
+                continue
             plan = self.plan.servers[side]
             if plan.url is not None:
                 continue  # attached servers: the rig cannot see their logs
@@ -438,6 +493,22 @@ def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dic
     }
 
 
+def _server_time(timings: dict[str, float]) -> float:
+    return sum(v for k, v in timings.items() if k.endswith("_server_s"))
+
+
+def _cost_comparison(first: dict[str, float], now: dict[str, float]) -> str:
+    """Wall time and server time of this run next to the run that filled the cache."""
+    wall_ratio = now["wall_s"] / first["wall_s"] if first.get("wall_s") else float("nan")
+    first_servers, servers = _server_time(first), _server_time(now)
+    server_ratio = servers / first_servers if first_servers else float("nan")
+    return (
+        f"rig: cost of this verdict: wall {now['wall_s']:.1f} s vs {first.get('wall_s', 0):.1f} s "
+        f"for the run that filled the cache ({wall_ratio:.2f}x); server time {servers:.1f} s vs "
+        f"{first_servers:.1f} s ({server_ratio:.2f}x)"
+    )
+
+
 def _raise_interrupt(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -454,6 +525,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="override a scenario key (dotted path), e.g. --set workload.max_tokens=32",
     )
     parser.add_argument("--run-id", help="name of the results folder (default: time + scenario)")
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="run the reference server even when the golden cache holds its results",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(".cache/golden"),
+        help="golden cache of reference results (default: .cache/golden)",
+    )
     return parser.parse_args(argv)
 
 
@@ -473,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
         resolve_prompts(scenario.workload)
         model_path = resolve_model(scenario)
         run_dir.mkdir(parents=True, exist_ok=True)
-        runner = Runner(scenario, run_id, run_dir, model_path)
+        cache = None if args.no_cache else GoldenCache(args.cache_dir)
+        runner = Runner(scenario, run_id, run_dir, model_path, cache)
     except (ScenarioError, PromptFileError, WorkloadError, ModelError, ServerError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -482,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(build_manifest(scenario, runner.plan, model_path)["servers"], indent=2)
     )
     mode = "at the same time" if runner.plan.simultaneous else "one after the other"
+    if runner.golden is not None:
+        mode = f"reference from the golden cache (run {runner.golden.source_run})"
     print(
         f"rig: run {run_id}: {len(runner.prompts)} prompts, levels "
         f"{scenario.workload.concurrency}, sides {mode}; results in {run_dir}",
@@ -497,7 +582,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         runner.sink.close()
     runner.state.timings["wall_s"] = time.monotonic() - wall_start
+    if error is None:
+        runner.store_golden()
     outcome = runner.outcome(error)
+    if runner.golden is not None:
+        print(_cost_comparison(runner.golden.timings, runner.state.timings), flush=True)
     paths = write_report(outcome)
     print((run_dir / "summary.md").read_text(encoding="utf-8"))
     print(f"rig: report: {paths['report.html']}")
