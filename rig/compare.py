@@ -9,8 +9,11 @@ margin within `near_tie_margin`) or a *substantive* divergence. Drift (rig.drift
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 from rig.load import RequestRecord, TokenLogprob
@@ -253,3 +256,51 @@ def compare_pairs(
             )
         )
     return results
+
+
+def read_records(run_dir: Path, side: str) -> list[RequestRecord]:
+    path = Path(run_dir) / "requests.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such results file (is {run_dir} a rig run folder?)")
+    with open(path, encoding="utf-8") as handle:
+        records = [RequestRecord.from_json(line) for line in handle if line.strip()]
+    chosen = [r for r in records if r.side == side and not r.warmup]
+    if not chosen:
+        raise ValueError(f"{path}: no records for side {side!r}")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compare stored runs without any server: side A of RUN_A against side B of RUN_B."""
+    parser = argparse.ArgumentParser(
+        prog="python -m rig.compare", description="Compare two stored rig runs, request by request."
+    )
+    parser.add_argument("run_a", type=Path)
+    parser.add_argument("run_b", type=Path)
+    parser.add_argument("--side-a", default="reference")
+    parser.add_argument("--side-b", default="candidate")
+    parser.add_argument("--near-tie-margin", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    try:
+        reference = read_records(args.run_a, args.side_a)
+        candidate = read_records(args.run_b, args.side_b)
+        pairs = compare_pairs(reference, candidate, args.near_tie_margin)
+    except (OSError, ValueError) as exc:
+        print(f"rig: error: {exc}", file=sys.stderr)
+        return 2
+    identical = sum(p.identical for p in pairs)
+    near = sum(1 for p in pairs if p.divergence is not None and p.divergence.kind == "near_tie")
+    substantive = sum(p.substantive for p in pairs)
+    print(
+        f"{args.run_a}:{args.side_a} vs {args.run_b}:{args.side_b}: {len(pairs)} pairs, "
+        f"{identical} identical, {near} near-tie, {substantive} substantive"
+    )
+    for pair in [p for p in pairs if not p.identical][:10]:
+        d = pair.divergence
+        where = f"token {d.token_index} ({d.kind}, margin {d.reference_margin})" if d else "-"
+        print(f"  {pair.request_id} {pair.prompt_id}: {where}")
+    return 0 if substantive == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
