@@ -199,6 +199,8 @@ def load_scenario(path: Path, overrides: list[str] | None = None) -> Scenario:
         raise ScenarioError(f"{path}: scenario file not found") from None
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read scenario ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

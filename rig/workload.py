@@ -6,6 +6,7 @@ of the run carries a salt of its own (no prefix-cache hit can hide the prefill p
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from rig.load import RequestSpec, SamplingParams
@@ -40,10 +41,13 @@ def resolve_prompts(workload: WorkloadConfig) -> list[Prompt]:
 
 def cache_salt(run_id: str, side: str, request_id: str) -> str:
     """A salt unique within the run, obeying vLLM's rules: non-empty, at most 128 characters,
-    none of `@ / \\` or NUL."""
+    none of `@ / \\` or NUL. A longer salt keeps its tail behind a digest of the whole, so two
+    runs whose long run ids differ only at the start still get different salts (an attached
+    server outlives a run)."""
     salt = _SALT_FORBIDDEN.sub("_", f"{run_id}.{side}.{request_id}")
     if len(salt) > SALT_MAX:
-        salt = salt[-SALT_MAX:]
+        digest = hashlib.sha256(salt.encode()).hexdigest()[:16]
+        salt = f"{digest}.{salt[-(SALT_MAX - len(digest) - 1) :]}"
     return salt
 
 

@@ -1,0 +1,293 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rig.scenario import (
+    TINY_MODEL,
+    PromptSource,
+    Scenario,
+    ScenarioError,
+    apply_overrides,
+    load_scenario,
+    parse_override,
+)
+from rig.workload import resolve_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
+
+MINIMAL = {"workload": {"prompts": [{"long_tokens": [100]}], "concurrency": [1]}}
+
+
+def write(tmp_path: Path, data, name: str = "scn.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def error_of(path: Path, overrides: list[str] | None = None) -> str:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path, overrides)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert str(path) in message
+    return message
+
+
+# --- shipped scenarios ------------------------------------------------------------------------
+
+
+def test_scenarios_are_shipped():
+    assert {p.stem for p in SHIPPED} >= {"smoke", "lowconc", "highconc"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_scenario_validates_and_its_prompts_resolve(path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    scenario = load_scenario(path)
+    assert scenario.name == path.stem
+    assert scenario.candidate.kernel  # every shipped scenario tests a candidate kernel
+    for source in scenario.workload.prompts:
+        assert source.path is None or source.path.exists()
+    prompts = resolve_prompts(scenario.workload)
+    assert len(prompts) == len({p.id for p in prompts}) > 0
+
+
+def test_minimal_scenario_takes_the_defaults(tmp_path):
+    scenario = load_scenario(write(tmp_path, MINIMAL, "mini.yaml"))
+    assert scenario.name == "mini"
+    assert scenario.model.name == TINY_MODEL and scenario.model.is_tiny
+    assert scenario.workload.endpoint == "completions"
+    assert scenario.candidate.kernel is None
+
+
+def test_name_in_the_file_beats_the_file_stem(tmp_path):
+    assert load_scenario(write(tmp_path, {**MINIMAL, "name": "mine"})).name == "mine"
+
+
+# --- one-line errors that name the file and the key --------------------------------------------
+
+
+def test_unknown_key_is_named(tmp_path):
+    data = {"workload": {**MINIMAL["workload"], "max_tokes": 5}}
+    message = error_of(write(tmp_path, data))
+    assert "unknown key 'workload.max_tokes'" in message
+
+
+def test_unknown_top_level_key_is_named(tmp_path):
+    message = error_of(write(tmp_path, {**MINIMAL, "gatez": {}}))
+    assert "unknown key 'gatez'" in message
+
+
+def test_wrong_type_is_named(tmp_path):
+    data = {"workload": {**MINIMAL["workload"], "max_tokens": "many"}}
+    message = error_of(write(tmp_path, data))
+    assert "key 'workload.max_tokens'" in message
+    assert "integer" in message
+
+
+def test_wrong_type_inside_a_side_is_named(tmp_path):
+    message = error_of(write(tmp_path, {**MINIMAL, "candidate": {"env": ["A=1"]}}))
+    assert "key 'candidate.env'" in message
+
+
+def test_missing_key_is_named(tmp_path):
+    message = error_of(write(tmp_path, {"workload": {"prompts": [{"long_tokens": [10]}]}}))
+    assert "missing key 'workload.concurrency'" in message
+
+
+def test_missing_workload_is_named(tmp_path):
+    assert "missing key 'workload'" in error_of(write(tmp_path, {"name": "x"}))
+
+
+def test_every_problem_is_listed_on_one_line(tmp_path):
+    data = {"workload": {"prompts": [{"long_tokens": [10]}], "concurrency": [1], "bogus": 1}}
+    data["model"] = {"dtype": 16}
+    message = error_of(write(tmp_path, data))
+    assert "unknown key 'workload.bogus'" in message
+    assert "key 'model.dtype'" in message
+
+
+def test_invalid_yaml_gives_the_line(tmp_path):
+    path = write(tmp_path, "workload:\n  prompts: [1, 2\n  concurrency: [1]\n")
+    message = error_of(path)
+    assert "invalid YAML at line" in message
+
+
+def test_tab_indentation_is_invalid_yaml(tmp_path):
+    message = error_of(write(tmp_path, "workload:\n\tconcurrency: [1]\n"))
+    assert "invalid YAML at line 2" in message
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "list"), ("just words\n", "str")])
+def test_non_mapping_is_rejected(tmp_path, text, kind):
+    message = error_of(write(tmp_path, text))
+    assert f"not a {kind}" in message
+
+
+def test_empty_file_reports_the_missing_workload(tmp_path):
+    assert "missing key 'workload'" in error_of(write(tmp_path, ""))
+
+
+def test_missing_file(tmp_path):
+    assert "not found" in error_of(tmp_path / "nope.yaml")
+
+
+def test_directory_instead_of_a_file(tmp_path):
+    assert "cannot read" in error_of(tmp_path)
+
+
+def test_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("description: caf\xe9\n".encode("latin-1"))
+    assert "UTF-8" in error_of(path)
+
+
+def test_concurrency_zero_is_rejected(tmp_path):
+    data = {"workload": {"prompts": [{"long_tokens": [10]}], "concurrency": [4, 0]}}
+    message = error_of(write(tmp_path, data))
+    assert "key 'workload.concurrency.1'" in message
+
+
+def test_empty_concurrency_list_is_rejected(tmp_path):
+    data = {"workload": {"prompts": [{"long_tokens": [10]}], "concurrency": []}}
+    assert "key 'workload.concurrency'" in error_of(write(tmp_path, data))
+
+
+def test_blank_kernel_name_is_rejected(tmp_path):
+    message = error_of(write(tmp_path, {**MINIMAL, "candidate": {"kernel": "  "}}))
+    assert "key 'candidate.kernel'" in message
+
+
+# --- prompt sources ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source",
+    [{}, {"path": "p.jsonl", "long_tokens": [10]}, {"long_tokens": []}],
+    ids=["neither", "both", "empty-long-list"],
+)
+def test_prompt_source_needs_exactly_one_kind(tmp_path, source):
+    data = {"workload": {"prompts": [source], "concurrency": [1]}}
+    message = error_of(write(tmp_path, data))
+    assert "key 'workload.prompts.0'" in message
+    assert "exactly one of 'path' or 'long_tokens'" in message
+
+
+def test_prompt_source_model_accepts_each_kind_alone():
+    assert PromptSource(path=Path("x.jsonl")).long_tokens == []
+    assert PromptSource(long_tokens=[5]).path is None
+
+
+def test_non_positive_long_prompt_length_is_rejected(tmp_path):
+    data = {"workload": {"prompts": [{"long_tokens": [10, 0]}], "concurrency": [1]}}
+    assert "key 'workload.prompts.0.long_tokens.1'" in error_of(write(tmp_path, data))
+
+
+def test_prompt_path_resolves_beside_the_scenario_file(tmp_path, monkeypatch):
+    (tmp_path / "mine.jsonl").write_text('{"id": "a", "prompt": "x"}\n', encoding="utf-8")
+    data = {"workload": {"prompts": [{"path": "mine.jsonl"}], "concurrency": [1]}}
+    path = write(tmp_path, data)
+    monkeypatch.chdir(REPO)  # the prompt file is not under the working directory
+    scenario = load_scenario(path)
+    assert scenario.workload.prompts[0].path == tmp_path / "mine.jsonl"
+
+
+# --- model shorthand ---------------------------------------------------------------------------
+
+
+def test_model_string_is_the_name(tmp_path):
+    scenario = load_scenario(write(tmp_path, {**MINIMAL, "model": "Qwen/Qwen3.5-397B-A17B-FP8"}))
+    assert scenario.model.name == "Qwen/Qwen3.5-397B-A17B-FP8"
+    assert not scenario.model.is_tiny
+    assert scenario.model.dtype == "bfloat16"  # the rest keeps its defaults
+
+
+def test_model_shorthand_from_the_command_line(tmp_path):
+    path = write(tmp_path, {**MINIMAL, "model": {"name": "tiny", "dtype": "float32"}})
+    scenario = load_scenario(path, ["model=org/some-model"])
+    assert scenario.model.name == "org/some-model"
+    # A string replaces the whole mapping, so the file's other model keys go too.
+    assert scenario.model.dtype == "bfloat16"
+
+
+# --- --set overrides ---------------------------------------------------------------------------
+
+
+def test_parse_override_types_values_as_yaml():
+    assert parse_override("workload.max_tokens=64") == (["workload", "max_tokens"], 64)
+    assert parse_override("drift.enabled=false") == (["drift", "enabled"], False)
+    assert parse_override("workload.concurrency=[1, 8]") == (["workload", "concurrency"], [1, 8])
+    assert parse_override("model.name=org/m") == (["model", "name"], "org/m")
+    assert parse_override("a.b=") == (["a", "b"], "")
+    assert parse_override("x=a=b") == (["x"], "a=b")
+
+
+@pytest.mark.parametrize("text", ["noequals", "=5", "  =5"])
+def test_parse_override_needs_a_key_and_an_equals_sign(text):
+    with pytest.raises(ScenarioError, match="expected dotted.key=value"):
+        parse_override(text)
+
+
+def test_parse_override_rejects_invalid_yaml_values():
+    with pytest.raises(ScenarioError, match="not valid YAML"):
+        parse_override("workload.concurrency=[1, 2")
+
+
+def test_overrides_beat_the_file(tmp_path):
+    path = write(tmp_path, {**MINIMAL, "workload": {**MINIMAL["workload"], "max_tokens": 8}})
+    scenario = load_scenario(
+        path,
+        ["workload.max_tokens=32", "workload.concurrency=[2, 4]", "gates.max_mean_drift=null"],
+    )
+    assert scenario.workload.max_tokens == 32
+    assert scenario.workload.concurrency == [2, 4]
+    assert scenario.gates.max_mean_drift is None
+
+
+def test_later_override_wins():
+    data = apply_overrides({}, ["a.b=1", "a.b=2"])
+    assert data == {"a": {"b": 2}}
+
+
+def test_overrides_create_missing_mappings(tmp_path):
+    scenario = load_scenario(
+        write(tmp_path, MINIMAL), ["candidate.env.RIG_GDN_KERNEL=ns3", "control.aa=true"]
+    )
+    assert scenario.candidate.env == {"RIG_GDN_KERNEL": "ns3"}
+    assert scenario.control.aa is True
+
+
+def test_override_fills_a_null_section(tmp_path):
+    path = write(tmp_path, "drift:\nworkload: {prompts: [{long_tokens: [9]}], concurrency: [1]}\n")
+    assert load_scenario(path, ["drift.max_requests=3"]).drift.max_requests == 3
+
+
+def test_override_through_a_scalar_is_an_error(tmp_path):
+    path = write(tmp_path, {**MINIMAL, "model": "org/m"})
+    with pytest.raises(ScenarioError, match="'model' is not a mapping"):
+        load_scenario(path, ["model.dtype=float16"])
+
+
+def test_override_with_an_unknown_key_is_named(tmp_path):
+    message = error_of(write(tmp_path, MINIMAL), ["workload.max_tokenz=3"])
+    assert "unknown key 'workload.max_tokenz'" in message
+
+
+def test_override_with_a_wrong_type_is_named(tmp_path):
+    message = error_of(write(tmp_path, MINIMAL), ["workload.concurrency=[1, 0]"])
+    assert "key 'workload.concurrency.1'" in message
+
+
+def test_scenario_is_frozen(tmp_path):
+    scenario = load_scenario(write(tmp_path, MINIMAL))
+    with pytest.raises(ValueError):
+        scenario.workload.max_tokens = 1
+    assert isinstance(scenario, Scenario)
+
+
+def test_side_lookup(tmp_path):
+    scenario = load_scenario(write(tmp_path, {**MINIMAL, "candidate": {"kernel": "ns4"}}))
+    assert scenario.side("candidate").kernel == "ns4"
+    assert scenario.side("reference").kernel is None
