@@ -10,6 +10,7 @@ the load phase and is not counted in performance numbers.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from rig.load import RequestRecord, ServerTarget
+from rig.workload import cache_salt
 
 DRIFT_TIMEOUT_S = 600.0
 
@@ -88,6 +90,15 @@ def drift_between(
     )
 
 
+async def _json_answer(response: aiohttp.ClientResponse, what: str) -> dict:
+    """The JSON body of a 200 answer; any other answer (JSON or not, e.g. a proxy's 502 page)
+    raises with the status and the start of the body."""
+    text = await response.text(errors="replace")
+    if response.status != 200:
+        raise RuntimeError(f"{what} answered {response.status}: {text[:300]}")
+    return json.loads(text)
+
+
 def _headers(target: ServerTarget) -> dict[str, str]:
     return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
 
@@ -101,10 +112,8 @@ async def tokenize(
         json={"model": target.model, **body},
         headers=_headers(target),
     ) as response:
-        payload = await response.json(content_type=None)
-        if response.status != 200:
-            raise RuntimeError(f"/tokenize answered {response.status}: {payload}")
-        return tuple(payload["tokens"])
+        payload = await _json_answer(response, "/tokenize")
+    return tuple(payload["tokens"])
 
 
 def _forced_logprob(entry: dict | None, token_id: int) -> float | None:
@@ -131,9 +140,7 @@ async def teacher_forced_logprobs(
     async with session.post(
         f"{target.base_url}/v1/completions", json=body, headers=_headers(target)
     ) as response:
-        payload = await response.json(content_type=None)
-        if response.status != 200:
-            raise RuntimeError(f"prompt_logprobs request answered {response.status}: {payload}")
+        payload = await _json_answer(response, "prompt_logprobs request")
     choice = payload["choices"][0]
     entries = choice.get("prompt_logprobs") or payload.get("prompt_logprobs") or []
     return [_forced_logprob(entry, token) for entry, token in zip(entries, token_ids, strict=False)]
@@ -159,7 +166,7 @@ async def _replay(
             answers = await asyncio.gather(
                 *(
                     teacher_forced_logprobs(
-                        session, target, tokens, f"{salt_prefix}.{target.side}.{index}"
+                        session, target, tokens, cache_salt(salt_prefix, target.side, str(index))
                     )
                     for target in targets
                 ),
