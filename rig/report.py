@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rig.compare import PairResult
+from rig.compare import PairResult, is_transport_error
 from rig.drift import DriftResult
 from rig.load import RequestRecord
 from rig.metrics import delta_frame, request_frame, summary_frame
@@ -323,7 +323,7 @@ def render_junit(outcome: RunOutcome) -> bytes:
         name=f"rig.{outcome.scenario_name}",
         tests=str(len(outcome.pairs) + len(outcome.verdict.gates)),
         failures=str(
-            sum(not p.identical and p.substantive or bool(_gating(p)) for p in outcome.pairs)
+            sum(p.substantive or bool(_gating(p)) for p in outcome.pairs)
             + len(outcome.verdict.failed_gates)
         ),
     )
@@ -345,7 +345,7 @@ def render_junit(outcome: RunOutcome) -> bytes:
             )
         if problems:
             ET.SubElement(case, "failure", message="; ".join(problems)[:2000])
-        elif not pair.identical:
+        elif pair.divergence is not None:
             ET.SubElement(
                 case, "system-out"
             ).text = f"near-tie at token {pair.divergence.token_index}"
@@ -353,7 +353,12 @@ def render_junit(outcome: RunOutcome) -> bytes:
 
 
 def _gating(pair: PairResult) -> list[str]:
-    return [f"{p.side} {p.kind}: {p.detail}" for p in pair.pathologies if p.candidate_only]
+    """The pathologies that fail a pair, as rig.verdict.count counts them."""
+    return [
+        f"{p.side} {p.kind}: {p.detail}"
+        for p in pair.pathologies
+        if p.candidate_only or is_transport_error(p.kind)
+    ]
 
 
 def drift_frame(drift: list[DriftResult]) -> pd.DataFrame:

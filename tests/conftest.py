@@ -41,7 +41,7 @@ def _record(
     return RequestRecord(**values)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_record() -> Callable[..., RequestRecord]:
     """`make_record(side, request_id, text, **fields)` -> RequestRecord."""
     return _record

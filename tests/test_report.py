@@ -1,0 +1,225 @@
+import json
+import xml.etree.ElementTree as ET
+
+import pandas as pd
+import pytest
+
+from rig.compare import compare_pairs
+from rig.drift import DriftResult
+from rig.load import TokenLogprob
+from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, render_junit, write_report
+from rig.scenario import GatesConfig
+from rig.verdict import SideKernel, decide
+
+SCRIPT = "<script>alert(1)</script>"
+KERNELS = {
+    "reference": SideKernel("reference", "fla", 10, "vLLM's own"),
+    "candidate": SideKernel("candidate", "ns4", 10, "<i>plugin</i>"),
+}
+REPORT_FILES = {
+    "requests.csv",
+    "summary.csv",
+    "deltas.csv",
+    "mismatches.csv",
+    "drift.csv",
+    "summary.md",
+    "report.html",
+    "junit.xml",
+    "manifest.json",
+}
+
+
+def near_tie_pair(make_record):
+    top = {5: -0.6, 6: -0.7}
+    ref_position = TokenLogprob(5, -0.6, top)
+    cand_position = TokenLogprob(6, -0.65, {6: -0.65, 5: -0.66})
+    ref = make_record("reference", "q4", text="yes.", token_ids=[5], logprobs=[ref_position])
+    cand = make_record("candidate", "q4", text="no.", token_ids=[6], logprobs=[cand_position])
+    return ref, cand
+
+
+def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
+    """Five request pairs: identical, substantive (with a script tag), candidate http error,
+    both timed out, near-tie."""
+    if records is None:
+        error = "http_500: <img src=x onerror=alert(2)>"
+        timeout = "timeout: no complete response within 5 s"
+        records = [
+            make_record("reference", "q0", text="same answer"),
+            make_record("candidate", "q0", text="same answer"),
+            make_record("reference", "q1", text="The answer is 4."),
+            make_record("candidate", "q1", text=f"The answer is {SCRIPT}"),
+            make_record("reference", "q2", text="fine"),
+            make_record("candidate", "q2", text="", error=error, http_status=500),
+            make_record("reference", "q3", text="", error=timeout),
+            make_record("candidate", "q3", text="", error=timeout),
+            *near_tie_pair(make_record),
+        ]
+    reference = [r for r in records if r.side == "reference"]
+    candidate = [r for r in records if r.side == "candidate"]
+    pairs = compare_pairs(reference, candidate, near_tie_margin=0.25, max_tokens=64)
+    drift = [
+        DriftResult("p0", 5, 0.02, 0.01, 0.02, 0.0, 0.0, 0),
+        DriftResult("p1", 0, *[float("nan")] * 5, 0, error=f"RuntimeError: {SCRIPT}"),
+    ]
+    verdict = decide(GatesConfig(), pairs, drift, 0.0, KERNELS, "ns4", False)
+    return RunOutcome(
+        run_id="run-1",
+        run_dir=tmp_path / "run-1",
+        scenario_name="unit",
+        manifest={"scenario": {"name": "unit"}, "versions": {"vllm": "0.32.0"}},
+        records=records,
+        pairs=pairs,
+        drift=drift,
+        prefix_cache=[PrefixCacheDelta("reference", 1, 0, 12.0, 0.0)],
+        faults=[LevelFault("candidate", 1, "traceback", "<b>Traceback</b> (most recent call)")],
+        kernels=KERNELS,
+        verdict=verdict,
+        timings={"wall_s": 1.5},
+    )
+
+
+@pytest.fixture(scope="module")
+def outcome(make_record, tmp_path_factory):
+    return build_outcome(make_record, tmp_path_factory.mktemp("report"))
+
+
+@pytest.fixture(scope="module")
+def written(outcome):
+    """Written once for the module: the plot makes write_report take about a second."""
+    return write_report(outcome)
+
+
+def test_every_file_is_written(outcome, written):
+    assert set(written) == REPORT_FILES
+    for name, path in written.items():
+        assert path == outcome.run_dir / name
+        assert path.is_file() and path.stat().st_size > 0, name
+
+
+def test_csv_files_hold_one_row_per_thing(outcome, written):
+    assert len(pd.read_csv(written["requests.csv"])) == len(outcome.records) == 10
+    mismatches = pd.read_csv(written["mismatches.csv"])
+    assert sorted(mismatches["request_id"]) == ["q1", "q2", "q3", "q4"]
+    assert len(pd.read_csv(written["drift.csv"])) == 2
+    summary = pd.read_csv(written["summary.csv"])
+    assert sorted(summary["side"]) == ["candidate", "reference"]
+
+
+# --- HTML --------------------------------------------------------------------------------------
+
+
+def test_html_escapes_model_output(written):
+    page = written["report.html"].read_text(encoding="utf-8")
+    assert SCRIPT not in page
+    assert "<script" not in page.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_html_escapes_errors_faults_and_kernel_details(written):
+    page = written["report.html"].read_text(encoding="utf-8")
+    for raw in ("<img src=x", "<b>Traceback</b>", "<i>plugin</i>"):
+        assert raw not in page
+    assert "&lt;img src=x onerror=alert(2)&gt;" in page
+    assert "&lt;b&gt;Traceback&lt;/b&gt;" in page
+
+
+def test_html_marks_the_first_differing_character(written):
+    page = written["report.html"].read_text(encoding="utf-8")
+    # q1 parts at "4" / "<": the mark wraps exactly that character on each side
+    assert "The answer is <mark>4</mark>." in page
+    assert "The answer is <mark>&lt;</mark>script&gt;" in page
+
+
+def test_html_leads_with_the_verdict(outcome, written):
+    page = written["report.html"].read_text(encoding="utf-8")
+    heading = f"{outcome.verdict.word} — {'PASS' if outcome.verdict.passed else 'FAIL'}"
+    assert heading in page
+    assert page.index(heading) < page.index("Gates")
+
+
+# --- JUnit -------------------------------------------------------------------------------------
+
+
+def junit_cases(path):
+    suite = ET.fromstring(path.read_bytes())
+    cases = {(case.get("classname"), case.get("name")): case for case in suite.iter("testcase")}
+    return suite, cases
+
+
+def test_junit_has_one_testcase_per_pair_and_per_gate(outcome, written):
+    suite, cases = junit_cases(written["junit.xml"])
+    pair_cases = sorted(name for cls, name in cases if cls == "rig.pairs.c1")
+    gate_cases = sorted(name for cls, name in cases if cls == "rig.gates")
+    assert pair_cases == ["q0", "q1", "q2", "q3", "q4"]
+    assert gate_cases == sorted(g.name for g in outcome.verdict.gates)
+    assert int(suite.get("tests")) == len(cases) == 5 + len(outcome.verdict.gates)
+
+
+def test_junit_failures_where_expected(outcome, written):
+    suite, cases = junit_cases(written["junit.xml"])
+    failed = {key for key, case in cases.items() if case.find("failure") is not None}
+    expected_pairs = {("rig.pairs.c1", q) for q in ("q1", "q2", "q3")}
+    expected_gates = {("rig.gates", g.name) for g in outcome.verdict.failed_gates}
+    assert expected_gates  # substantive divergence, pathologies and drift fail here
+    assert failed == expected_pairs | expected_gates
+    assert int(suite.get("failures")) == len(failed)
+    substantive = cases[("rig.pairs.c1", "q1")].find("failure").get("message")
+    assert "substantive divergence at token" in substantive
+    assert "http_500" in cases[("rig.pairs.c1", "q2")].find("failure").get("message")
+    near_tie = cases[("rig.pairs.c1", "q4")]
+    assert "near-tie" in near_tie.find("system-out").text
+
+
+def test_junit_for_a_reference_only_failure(make_record, tmp_path):
+    """A pair with no divergence and nothing wrong on the candidate (the reference timed out)
+    used to crash the JUnit writer; it fails like the verdict counts it."""
+    records = [
+        make_record("reference", "q0", text="", error="timeout: slow"),
+        make_record("candidate", "q0", text="fine"),
+    ]
+    outcome = build_outcome(make_record, tmp_path, records)
+    suite = ET.fromstring(render_junit(outcome))
+    (case,) = [c for c in suite.iter("testcase") if c.get("name") == "q0"]
+    assert "reference timeout" in case.find("failure").get("message")
+
+
+def test_junit_passes_when_everything_is_identical(make_record, tmp_path):
+    records = [make_record(side, "q0", text="same") for side in ("reference", "candidate")]
+    outcome = build_outcome(make_record, tmp_path, records)
+    outcome.verdict = decide(GatesConfig(), outcome.pairs, [], 0.0, KERNELS, "ns4", False)
+    suite = ET.fromstring(render_junit(outcome))
+    assert suite.get("failures") == "0"
+    assert not list(suite.iter("failure"))
+
+
+# --- Markdown and manifest ---------------------------------------------------------------------
+
+
+def test_summary_markdown_starts_with_the_verdict(outcome, written):
+    lines = written["summary.md"].read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "## rig: unit (run-1)"
+    first = next(line for line in lines[1:] if line.strip())
+    assert first.startswith(f"**Verdict: {outcome.verdict.word}**")
+    assert first.endswith("FAIL")
+
+
+def test_summary_markdown_lists_gates_and_mismatches(outcome, written):
+    text = written["summary.md"].read_text(encoding="utf-8")
+    for gate in outcome.verdict.gates:
+        assert f"| {gate.name} |" in text
+    assert "`q1`" in text and "`q4`" in text
+    assert "`q0`" not in text  # identical pairs are not listed
+
+
+def test_manifest_is_json_with_the_verdict(outcome, written):
+    manifest = json.loads(written["manifest.json"].read_text(encoding="utf-8"))
+    assert manifest["scenario"] == {"name": "unit"}  # what run.py put there is kept
+    assert manifest["verdict"]["word"] == outcome.verdict.word
+    assert manifest["verdict"]["passed"] is outcome.verdict.passed
+    assert [g["name"] for g in manifest["verdict"]["gates"]] == [
+        g.name for g in outcome.verdict.gates
+    ]
+    assert manifest["verdict"]["counts"]["pairs"] == 5
+    assert manifest["kernels"]["candidate"]["kernel"] == "ns4"
+    assert manifest["timings"] == {"wall_s": 1.5}
