@@ -12,6 +12,7 @@ import html
 import io
 import json
 import math
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -330,7 +331,7 @@ def render_junit(outcome: RunOutcome) -> bytes:
     for gate in outcome.verdict.gates:
         case = ET.SubElement(suite, "testcase", classname="rig.gates", name=gate.name)
         if not gate.passed:
-            ET.SubElement(case, "failure", message=gate.detail)
+            ET.SubElement(case, "failure", message=_xml_safe(gate.detail))
     for pair in outcome.pairs:
         case = ET.SubElement(
             suite, "testcase", classname=f"rig.pairs.c{pair.level}", name=pair.request_id
@@ -344,12 +345,21 @@ def render_junit(outcome: RunOutcome) -> bytes:
                 f"ref {d.reference_excerpt!r} / cand {d.candidate_excerpt!r}",
             )
         if problems:
-            ET.SubElement(case, "failure", message="; ".join(problems)[:2000])
+            ET.SubElement(case, "failure", message=_xml_safe("; ".join(problems)[:2000]))
         elif pair.divergence is not None:
             ET.SubElement(
                 case, "system-out"
             ).text = f"near-tie at token {pair.divergence.token_index}"
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True)
+
+
+_XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_safe(text: str) -> str:
+    """XML 1.0 cannot hold control characters or lone surrogates (a server's error body may
+    carry ANSI colours); they become U+FFFD so CI can still parse the file."""
+    return _XML_INVALID.sub("\ufffd", text)
 
 
 def _gating(pair: PairResult) -> list[str]:

@@ -223,3 +223,15 @@ def test_manifest_is_json_with_the_verdict(outcome, written):
     assert manifest["verdict"]["counts"]["pairs"] == 5
     assert manifest["kernels"]["candidate"]["kernel"] == "ns4"
     assert manifest["timings"] == {"wall_s": 1.5}
+
+
+def test_junit_stays_parseable_with_control_characters_in_an_error(make_record, tmp_path):
+    records = [
+        make_record("reference", "q0", text="fine"),
+        make_record("candidate", "q0", text="", error="http_502: \x1b[31mbad gateway\x00\x1b[0m"),
+    ]
+    suite = ET.fromstring(render_junit(build_outcome(make_record, tmp_path, records)))
+    (case,) = [c for c in suite.iter("testcase") if c.get("name") == "q0"]
+    message = case.find("failure").get("message")
+    assert "bad gateway" in message
+    assert "\x1b" not in message and "\x00" not in message
