@@ -1,0 +1,300 @@
+"""vLLM general plugin: swap the GDN prefill kernel for a candidate, and prove what ran.
+
+Entry point `vllm.general_plugins: rig_gdn_kernels = kernels.vllm_plugin:register`; vLLM calls
+`register()` in the API server, the engine core and every worker, possibly more than once.
+
+  RIG_GDN_KERNEL=ns4      run candidate ns4 (kernels/registry.py); unset = vLLM's own kernel.
+                          An unknown name fails the server at start, naming the known kernels.
+  RIG_GDN_STATS_DIR=dir   each process that runs GDN prefill keeps dir/gdn-calls-<pid>.json.
+  RIG_GDN_CAPTURE=dir     save the first RIG_GDN_CAPTURE_N (4) prefill calls per layer.
+
+CPU build: `vllm._custom_ops.chunk_gated_delta_rule_cpu` is looked up as a module attribute on
+every call, so rebinding it swaps the kernel, compiled mode included. CUDA: an out-of-tree
+`ChunkGatedDeltaRule` (CustomOp name "ChunkGatedDeltaRule") whose forward is the candidate
+whatever --gdn-prefill-backend resolved to. Either way the prefill op, the reference included,
+is wrapped by a call counter, and one marker line per process names the kernel and the sha256
+of its source (kernels/proof.py reads both back).
+"""
+
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels.capture import CaptureWriter, calling_layer_name, capture_writer_from_env
+from kernels.gdn_inputs import GdnInputs
+from kernels.proof import format_marker, stats_file_name
+from kernels.registry import KernelSpec, UnknownKernelError, resolve_kernel, sha256_of_files
+
+KERNEL_ENV = "RIG_GDN_KERNEL"
+STATS_DIR_ENV = "RIG_GDN_STATS_DIR"
+CPU_REFERENCE = "vllm-cpu-native"
+CUDA_OP_NAME = "ChunkGatedDeltaRule"
+CPU_OP_PARAMETERS = (
+    "query",
+    "key",
+    "value",
+    "g",
+    "beta",
+    "initial_state",
+    "output_final_state",
+    "cu_seqlens",
+    "head_first",
+    "use_qk_l2norm_in_kernel",
+    "initial_state_indices",
+    "eps",
+)
+FLA_L2NORM_EPS = 1e-6
+FLA_METADATA_BACKENDS = ("triton", "flashinfer")  # vLLM builds FLA chunk_indices for these
+
+_installed_platform: str | None = None
+
+
+@dataclass
+class PrefillCounter:
+    """Counts GDN prefill calls of this process and mirrors them to the stats folder."""
+
+    kernel: str
+    source_sha256: str
+    stats_dir: Path | None
+    calls: int = 0
+
+    def record(self) -> None:
+        self.calls += 1
+        if self.stats_dir is None:
+            return
+        pid = os.getpid()
+        path = self.stats_dir / stats_file_name(pid)
+        temporary = path.with_name(f".{path.name}.tmp")
+        record = {
+            "kernel": self.kernel,
+            "source_sha256": self.source_sha256,
+            "calls": self.calls,
+            "pid": pid,
+        }
+        temporary.write_text(json.dumps(record))
+        os.replace(temporary, path)
+
+
+def _stats_dir() -> Path | None:
+    directory = os.environ.get(STATS_DIR_ENV)
+    if not directory:
+        return None
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _emit_marker(kernel: str, source_sha256: str, platform: str) -> None:
+    print(format_marker(kernel, source_sha256, os.getpid(), platform), file=sys.stderr, flush=True)
+
+
+def selected_kernel() -> KernelSpec | None:
+    """The candidate named by RIG_GDN_KERNEL, None when unset; UnknownKernelError otherwise."""
+    name = os.environ.get(KERNEL_ENV, "").strip()
+    return resolve_kernel(name) if name else None
+
+
+def register() -> None:
+    """Install the selected kernel (or the counted reference) once per process."""
+    global _installed_platform
+    if _installed_platform is not None:
+        return
+    try:
+        spec = selected_kernel()
+    except UnknownKernelError as error:
+        print(f"rig GDN plugin: {KERNEL_ENV}: {error}", file=sys.stderr, flush=True)
+        raise
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        install_cpu(spec)
+        _installed_platform = "cpu"
+    elif current_platform.is_cuda_alike():
+        install_cuda(spec)
+        _installed_platform = "cuda"
+    elif spec is not None:
+        raise RuntimeError(
+            f"rig GDN plugin: {KERNEL_ENV}={spec.name} needs vLLM's CPU or CUDA platform, "
+            f"not {current_platform.device_name}"
+        )
+
+
+def _file_sha256(function: Callable) -> str:
+    return sha256_of_files([Path(inspect.getsourcefile(function))])
+
+
+def cpu_op_gdn_inputs(args: tuple, kwargs: dict) -> GdnInputs:
+    """GdnInputs of a `chunk_gated_delta_rule_cpu` call, states gathered before the call."""
+    from kernels.ns_torch import cpu_op_inputs
+
+    bound = dict(zip(CPU_OP_PARAMETERS, args, strict=False)) | kwargs
+    bound.setdefault("eps", 1e-5)
+    bound.pop("output_final_state")
+    return cpu_op_inputs(**bound)
+
+
+def counted_cpu_op(
+    op: Callable, counter: PrefillCounter, capture: CaptureWriter | None
+) -> Callable:
+    def chunk_gated_delta_rule_cpu(*args, **kwargs):
+        if capture is not None:
+            layer = calling_layer_name()
+            if capture.wants(layer):
+                capture.save(layer, cpu_op_gdn_inputs(args, kwargs))
+        result = op(*args, **kwargs)
+        counter.record()
+        return result
+
+    chunk_gated_delta_rule_cpu.rig_counter = counter
+    return chunk_gated_delta_rule_cpu
+
+
+def install_cpu(spec: KernelSpec | None) -> PrefillCounter:
+    """Rebind vLLM's CPU GDN prefill op to the counted candidate (or counted reference)."""
+    from vllm import _custom_ops
+
+    current = _custom_ops.chunk_gated_delta_rule_cpu
+    if hasattr(current, "rig_counter"):
+        return current.rig_counter
+    if spec is None:
+        kernel, sha, op = CPU_REFERENCE, _file_sha256(current), current
+    else:
+        kernel, sha, op = spec.name, spec.source_sha256("cpu"), spec.cpu_op()
+    counter = PrefillCounter(kernel, sha, _stats_dir())
+    _custom_ops.chunk_gated_delta_rule_cpu = counted_cpu_op(
+        op, counter, capture_writer_from_env(kernel)
+    )
+    _emit_marker(kernel, sha, "cpu")
+    return counter
+
+
+def fla_call_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm) -> GdnInputs:
+    """GdnInputs of an FLA-contract call (V-first states), copied to the host."""
+    num_tokens = q.shape[0] * q.shape[1]
+    num_value_heads = v.shape[2]
+    if cu_seqlens is None:
+        cu_seqlens = torch.tensor([0, num_tokens], dtype=torch.int32)
+    return GdnInputs(
+        q=q.reshape(num_tokens, *q.shape[2:]),
+        k=k.reshape(num_tokens, *k.shape[2:]),
+        v=v.reshape(num_tokens, *v.shape[2:]),
+        g=g.reshape(num_tokens, num_value_heads),
+        beta=beta.reshape(num_tokens, num_value_heads),
+        initial_state=initial_state.transpose(-1, -2),
+        cu_seqlens=cu_seqlens,
+        use_qk_l2norm=use_qk_l2norm,
+        eps=FLA_L2NORM_EPS,
+        scale=q.shape[-1] ** -0.5,
+    ).to("cpu")
+
+
+def install_cuda(spec: KernelSpec | None) -> type:
+    """Register an out-of-tree ChunkGatedDeltaRule that runs the candidate (or counts the
+    backend vLLM chose). Returns the registered class."""
+    from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import ChunkGatedDeltaRule
+
+    if CUDA_OP_NAME in op_registry_oot:
+        return op_registry_oot[CUDA_OP_NAME]
+    if spec is not None:
+        kernel, sha = spec.name, spec.source_sha256("cuda")
+        candidate = spec.fla_contract_function()
+    else:
+        kernel, sha, candidate = "vllm-cuda-reference", _file_sha256(ChunkGatedDeltaRule), None
+    _emit_marker(kernel, sha, "cuda")
+    stats_dir = _stats_dir()
+    capture = capture_writer_from_env(kernel)
+    counters: dict[str, PrefillCounter] = {}
+
+    def counter_for(name: str) -> PrefillCounter:
+        if name not in counters:
+            counters[name] = PrefillCounter(name, sha, stats_dir)
+            if name != kernel:
+                _emit_marker(name, sha, "cuda")
+        return counters[name]
+
+    class RigChunkGatedDeltaRule(ChunkGatedDeltaRule):
+        """vLLM's op with the prefill forward replaced (candidate) or counted (reference)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            # CustomOp.__init__ and ChunkGatedDeltaRule.__init__ both pick _forward_method.
+            if candidate is None:
+                self.rig_counter = counter_for(f"vllm-{self.gdn_prefill_backend}")
+                self.rig_reference_forward = self._forward_method
+                self._forward_method = self.forward_reference_counted
+            else:
+                self.rig_counter = counter_for(kernel)
+                self._forward_method = self.forward_candidate
+
+        def _capture(self, q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm) -> None:
+            if capture is None:
+                return
+            layer = calling_layer_name()
+            if capture.wants(layer):
+                inputs = fla_call_gdn_inputs(
+                    q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm
+                )
+                capture.save(layer, inputs)
+
+        def forward_reference_counted(self, q, k, v, g, beta, initial_state, *args, **kwargs):
+            call = inspect.signature(self.forward_native).bind(
+                q, k, v, g, beta, initial_state, *args, **kwargs
+            )
+            self._capture(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state,
+                call.arguments.get("cu_seqlens"),
+                call.arguments.get("use_qk_l2norm_in_kernel", True),
+            )
+            result = self.rig_reference_forward(q, k, v, g, beta, initial_state, *args, **kwargs)
+            self.rig_counter.record()
+            return result
+
+        def forward_candidate(
+            self,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state,
+            output_final_state,
+            cu_seqlens=None,
+            chunk_indices=None,
+            chunk_offsets=None,
+            use_qk_l2norm_in_kernel=True,
+            core_attn_out=None,
+            aiter_prefill_metadata=None,
+        ):
+            self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
+            if self.gdn_prefill_backend not in FLA_METADATA_BACKENDS:
+                chunk_indices = None  # e.g. cutedsl's metadata is not in FLA's layout
+            result = candidate(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                cu_seqlens=cu_seqlens,
+                chunk_indices=chunk_indices,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                core_attn_out=core_attn_out,
+            )
+            self.rig_counter.record()
+            return result
+
+    CustomOp.register_oot(name=CUDA_OP_NAME)(RigChunkGatedDeltaRule)
+    return RigChunkGatedDeltaRule
