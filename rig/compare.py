@@ -271,7 +271,8 @@ def read_records(run_dir: Path, side: str) -> list[RequestRecord]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Compare stored runs without any server: side A of RUN_A against side B of RUN_B."""
+    """Compare stored runs without any server: side A of RUN_A against side B of RUN_B.
+    Exit 0 only when every pair is identical or a near-tie (a failed request proves nothing)."""
     parser = argparse.ArgumentParser(
         prog="python -m rig.compare", description="Compare two stored rig runs, request by request."
     )
@@ -291,15 +292,17 @@ def main(argv: list[str] | None = None) -> int:
     identical = sum(p.identical for p in pairs)
     near = sum(1 for p in pairs if p.divergence is not None and p.divergence.kind == "near_tie")
     substantive = sum(p.substantive for p in pairs)
+    unanswered = sum(1 for p in pairs if not p.identical and p.divergence is None)
     print(
         f"{args.run_a}:{args.side_a} vs {args.run_b}:{args.side_b}: {len(pairs)} pairs, "
-        f"{identical} identical, {near} near-tie, {substantive} substantive"
+        f"{identical} identical, {near} near-tie, {substantive} substantive, "
+        f"{unanswered} with a failed request"
     )
     for pair in [p for p in pairs if not p.identical][:10]:
         d = pair.divergence
         where = f"token {d.token_index} ({d.kind}, margin {d.reference_margin})" if d else "-"
         print(f"  {pair.request_id} {pair.prompt_id}: {where}")
-    return 0 if substantive == 0 else 1
+    return 0 if substantive == 0 and unanswered == 0 else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ from rig.compare import (
     first_divergence,
     is_transport_error,
     pair_pathologies,
+    read_records,
 )
+from rig.compare import main as compare_main
 from rig.load import TokenLogprob
 
 MARGIN = 0.25
@@ -362,3 +364,58 @@ def test_as_row_flattens_the_divergence(make_record):
     assert row["div_char_index"] == 0
     assert row["div_token_index"] == 2
     assert row["pathologies"] == "candidate:empty_output"
+
+
+# --- comparing stored runs ---------------------------------------------------------------------
+
+
+def store(run_dir, records):
+    run_dir.mkdir()
+    lines = "".join(record.to_json() + "\n" for record in records)
+    (run_dir / "requests.jsonl").write_text(lines, encoding="utf-8")
+    return run_dir
+
+
+def test_read_records_keeps_one_side_without_warmups(make_record, tmp_path):
+    top = {3: -0.5, 4: -0.9}
+    records = [
+        make_record("reference", "q0", token_ids=[3], logprobs=[TokenLogprob(3, -0.5, top)]),
+        make_record("reference", "warmup-q0", warmup=True),
+        make_record("candidate", "q0"),
+    ]
+    (record,) = read_records(store(tmp_path / "run", records), "reference")
+    assert record.request_id == "q0"
+    assert record.logprobs == [TokenLogprob(3, -0.5, top)]  # int token ids survive JSON
+
+
+def test_read_records_errors(make_record, tmp_path):
+    with pytest.raises(FileNotFoundError, match="requests.jsonl"):
+        read_records(tmp_path, "reference")
+    run = store(tmp_path / "run", [make_record("reference", "q0")])
+    with pytest.raises(ValueError, match="'candidate'"):
+        read_records(run, "candidate")
+
+
+def test_main_compares_two_stored_runs(make_record, tmp_path, capsys):
+    run_a = store(tmp_path / "a", [make_record("reference", f"q{i}") for i in range(2)])
+    same = store(tmp_path / "b", [make_record("candidate", f"q{i}") for i in range(2)])
+    assert compare_main([str(run_a), str(same)]) == 0
+    assert "2 pairs, 2 identical" in capsys.readouterr().out
+    other = store(
+        tmp_path / "c",
+        [make_record("candidate", "q0"), make_record("candidate", "q1", text="else")],
+    )
+    assert compare_main([str(run_a), str(other)]) == 1
+    assert "1 substantive" in capsys.readouterr().out
+
+
+def test_main_fails_when_requests_failed(make_record, tmp_path, capsys):
+    run_a = store(tmp_path / "a", [make_record("reference", "q0")])
+    failed = store(tmp_path / "b", [make_record("candidate", "q0", text="", error="timeout: x")])
+    assert compare_main([str(run_a), str(failed)]) == 1
+    assert "1 with a failed request" in capsys.readouterr().out
+
+
+def test_main_reports_a_missing_run(tmp_path, capsys):
+    assert compare_main([str(tmp_path / "nope"), str(tmp_path / "nope")]) == 2
+    assert "rig: error" in capsys.readouterr().err
