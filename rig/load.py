@@ -344,25 +344,61 @@ def _empty_record(side: str, spec: RequestSpec) -> RequestRecord:
     )
 
 
+class _WireStamp:
+    """Filled by the session's trace hook just before the request body is written."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+
+async def _stamp_body_write(session, context, params) -> None:
+    stamp = context.trace_request_ctx
+    if isinstance(stamp, _WireStamp) and stamp.at is None:
+        stamp.at = time.perf_counter()
+
+
+def client_session(concurrency: int) -> aiohttp.ClientSession:
+    """A session with `concurrency` connections whose requests are time-stamped when their
+    body goes to the socket (see send_request). aiohttp's default pool holds 100."""
+    tracing = aiohttp.TraceConfig()
+    tracing.on_request_chunk_sent.append(_stamp_body_write)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency, limit_per_host=0),
+        timeout=aiohttp.ClientTimeout(total=None),
+        trace_configs=[tracing],
+    )
+
+
 async def send_request(
     session: aiohttp.ClientSession, target: ServerTarget, spec: RequestSpec, timeout_s: float
 ) -> RequestRecord:
     """One streamed request; every failure ends up in the record's `error`, never raised.
 
-    Cancellation is the exception to that rule: the record is completed with a "cancelled"
-    error and attached to the CancelledError (`.record`) so the caller can still emit it.
+    The clock starts when the request body is written to the socket (a trace hook of
+    `client_session`), not when aiohttp is called: on Python < 3.12 aiohttp writes the body
+    from a task of its own, one whole event-loop pass later, and under load that wait (and
+    waiting for a connection) is the client's delay, not the server's. Without the hook
+    (a plain session) the clock starts at the call, as in `vllm bench serve`.
+
+    Cancellation is the exception to "never raised": the record is completed with a
+    "cancelled" error and attached to the CancelledError (`.record`) for the caller to emit.
     """
     record = _empty_record(target.side, spec)
     payload = json.dumps(request_body(spec, target.model)).encode()
     headers = _headers(target, spec)
     url = _endpoint_url(target, spec)
-    start = time.perf_counter()
+    wire = _WireStamp()
     record.sent_at = time.time()
-    record.sent_monotonic = start
-    stream = _StreamAccumulator(record, start, spec.sampling.top_logprobs > 0)
+    called = time.perf_counter()
+    stream = _StreamAccumulator(record, called, spec.sampling.top_logprobs > 0)
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, data=payload, headers=headers) as response:
+            async with session.post(
+                url, data=payload, headers=headers, trace_request_ctx=wire
+            ) as response:
+                stream.start = wire.at if wire.at is not None else called
                 record.http_status = response.status
                 if response.status != 200:
                     body = await response.text(errors="replace")
@@ -389,6 +425,8 @@ async def send_request(
         record.error = "cancelled: the run was interrupted"
         exc.record = record  # type: ignore[attr-defined]
         raise
+    finally:
+        record.sent_monotonic = wire.at if wire.at is not None else called
     return record
 
 
@@ -430,8 +468,6 @@ async def drive_side(
     """
     warmups = [s for s in job.specs if s.warmup]
     measured = [s for s in job.specs if not s.warmup]
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=None)
     deadline = None if level_timeout_s is None else time.perf_counter() + level_timeout_s
     slots = asyncio.Semaphore(concurrency)
     in_flight: dict[asyncio.Task, RequestSpec] = {}
@@ -475,7 +511,7 @@ async def drive_side(
                 await ready
         await dispatch(session, measured, paced=True)
 
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with client_session(concurrency) as session:
         try:
             if deadline is None:
                 await run_all(session)

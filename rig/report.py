@@ -401,8 +401,12 @@ def write_report(outcome: RunOutcome) -> dict[str, Path]:
     deltas.to_csv(paths["deltas.csv"], index=False)
     mismatches.to_csv(paths["mismatches.csv"], index=False)
     drift.to_csv(paths["drift.csv"], index=False)
-    paths["summary.md"].write_text(render_markdown(outcome, table), encoding="utf-8")
-    paths["report.html"].write_text(render_html(outcome, table, summary, drift), encoding="utf-8")
+    paths["summary.md"].write_text(
+        render_markdown(outcome, table), encoding="utf-8", errors="backslashreplace"
+    )
+    paths["report.html"].write_text(
+        render_html(outcome, table, summary, drift), encoding="utf-8", errors="backslashreplace"
+    )
     paths["junit.xml"].write_bytes(render_junit(outcome))
     manifest = dict(outcome.manifest)
     manifest.update(

@@ -82,7 +82,8 @@ class RecordSink:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        # backslashreplace: a lone surrogate in model output must not lose the record
+        self.handle = open(path, "a", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
 
     def __call__(self, record: RequestRecord) -> None:
         self.handle.write(record.to_json() + "\n")

@@ -224,13 +224,16 @@ def load_scenario(path: Path, overrides: list[str] | None = None) -> Scenario:
 
 
 def _resolve_paths(scenario: Scenario, scenario_dir: Path) -> Scenario:
-    """Prompt paths are relative to the working directory, or else to the scenario file."""
+    """Prompt paths are relative to the working directory, else to the scenario file's folder,
+    else to the project root (so shipped scenarios work from anywhere)."""
+    project_root = Path(__file__).resolve().parent.parent
     sources = []
     for source in scenario.workload.prompts:
         if source.path is not None and not source.path.is_absolute() and not source.path.exists():
-            beside = scenario_dir / source.path
-            if beside.exists():
-                source = source.model_copy(update={"path": beside})
+            for base in (scenario_dir, project_root):
+                if (base / source.path).exists():
+                    source = source.model_copy(update={"path": base / source.path})
+                    break
         sources.append(source)
     workload = scenario.workload.model_copy(update={"prompts": sources})
     return scenario.model_copy(update={"workload": workload})

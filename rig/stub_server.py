@@ -78,6 +78,7 @@ class StubRequestLog:
     sent: list[float] = field(default_factory=list)
     finished: float | None = None  # stream complete, or the handler gave up (disconnect)
     disconnected: bool = False
+    held: bool = False  # parked by /stub/hold; `read` is then the release time
 
 
 class StubServer:
@@ -92,6 +93,8 @@ class StubServer:
         self._queries = [0.0] * config.engines
         self._hits = [0.0] * config.engines
         self._runner: web.AppRunner | None = None
+        self._gate = asyncio.Event()  # cleared by hold(): requests wait until release()
+        self._gate.set()
         self.port: int | None = None
 
     def app(self) -> web.Application:
@@ -103,6 +106,8 @@ class StubServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stub/log", self._get_log)
         app.router.add_post("/stub/reset", self._reset)
+        app.router.add_post("/stub/hold", self._hold)
+        app.router.add_post("/stub/release", self._release)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -147,6 +152,9 @@ class StubServer:
 
     async def _answer(self, request: web.Request, entry: StubRequestLog) -> web.StreamResponse:
         body = json.loads(await request.read())
+        if not self._gate.is_set():
+            entry.held = True
+            await self._gate.wait()
         entry.read = time.perf_counter()
         entry.body = body
         entry.cache_salt = body.get("cache_salt")
@@ -239,6 +247,16 @@ class StubServer:
 
     async def _reset(self, request: web.Request) -> web.Response:
         self.reset()
+        return web.Response(text="")
+
+    async def _hold(self, request: web.Request) -> web.Response:
+        """Park new requests until /stub/release: lets a benchmark start clients that have no
+        start barrier of their own (`vllm bench serve`) at the same moment."""
+        self._gate.clear()
+        return web.Response(text="")
+
+    async def _release(self, request: web.Request) -> web.Response:
+        self._gate.set()
         return web.Response(text="")
 
 

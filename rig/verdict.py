@@ -3,8 +3,9 @@
 Words: "identical"; "equivalent up to near-ties" (every text divergence sits at a reference
 top-1/top-2 margin within the near-tie bound, drift under its threshold), with "within the A/A
 noise floor" when an A/A control measured at least as many divergences; "NOT equivalent";
-and "INVALID" when the run cannot vouch for the kernel under test (it never ran, or both sides
-ran the same kernel).
+and "INVALID" when the run cannot vouch for the kernel under test (it never ran, both sides ran
+the same kernel, a prefix-cache hit skipped prefills, or nothing was compared). A failed
+performance gate fails the run without changing the word.
 """
 
 from __future__ import annotations
@@ -130,6 +131,11 @@ def decide(
     g = gates_config
     gates = [
         Gate(
+            "pairs compared",
+            counts.pairs > 0,
+            f"{counts.pairs} request pairs compared",
+        ),
+        Gate(
             "substantive divergences",
             counts.substantive <= g.max_substantive_divergences,
             f"{counts.substantive} substantive (allowed {g.max_substantive_divergences}); "
@@ -183,9 +189,15 @@ def decide(
         )
     passed = all(gate.passed for gate in gates)
     failed = {gate.name for gate in gates if not gate.passed}
-    if "candidate kernel active" in failed:
+    # Prefix-cache hits mean some prefills never ran the kernel: nothing can be vouched for.
+    if failed & {"candidate kernel active", "prefix-cache hits", "pairs compared"}:
         word = "INVALID"
-    elif failed & {"substantive divergences", "pathologies", "teacher-forced drift"}:
+    elif failed & {
+        "substantive divergences",
+        "pathologies",
+        "teacher-forced drift",
+        "near-ties beyond the A/A floor",
+    }:
         word = "NOT equivalent"
     elif counts.identical == counts.pairs and counts.pairs > 0:
         word = "identical"

@@ -33,7 +33,9 @@ def resolve_prompts(workload: WorkloadConfig) -> list[Prompt]:
     ids = [prompt.id for prompt in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise WorkloadError(f"prompt ids appear in more than one source: {', '.join(duplicates)}")
+        raise WorkloadError(
+            f"prompt ids appear more than once across the prompt sources: {', '.join(duplicates)}"
+        )
     if not prompts:
         raise WorkloadError("the workload's prompt sources hold no prompts")
     return prompts

@@ -280,7 +280,7 @@ def test_near_ties_beyond_the_aa_floor_gate():
     over = verdict(pairs, aa_pairs=aa_pairs(10, 2), gates=gates)
     assert not gate(over, "near-ties beyond the A/A floor").passed
     assert not over.passed
-    assert over.word == "equivalent up to near-ties"  # more near-ties than the floor
+    assert over.word == "NOT equivalent"  # more near-ties than the A/A floor allows
     within = verdict(
         pairs, aa_pairs=aa_pairs(10, 2), gates=GatesConfig(allow_near_ties_beyond_aa=1)
     )
@@ -315,3 +315,16 @@ def test_count_sums_what_the_gates_need():
     assert counts.prefix_cache_hits == 2.0
     assert counts.drift_mean == pytest.approx(0.3)
     assert counts.drift_max == pytest.approx(0.5)
+
+
+def test_prefix_cache_hits_make_the_run_invalid():
+    """A hit means some prefill never ran the kernel under test: the run vouches for nothing."""
+    result = verdict(identical(3), hits=1.0)
+    assert result.word == "INVALID"
+
+
+def test_nothing_compared_is_invalid():
+    result = verdict([])
+    assert not gate(result, "pairs compared").passed
+    assert result.word == "INVALID"
+    assert not result.passed
