@@ -85,7 +85,7 @@ class TinyModelParams(BaseModel):
     max_position_embeddings: int = 16384
     beta: float = 0.9
     a_log: float = -30.0
-    key_spread: float = 0.08
+    key_spread: float = 0.02
     value_gain: float = 1.0
     gate_z: float = 4.0
     gdn_write: float = -2.0
