@@ -1,14 +1,15 @@
 """Load: send the same ordered greedy requests to every side at once and time each token.
 
 Each side (reference, candidate, ...) is driven by its own process with its own event loop
-(spawned, so it shares nothing with the caller), because one loop driving two sides at C=200
-lets one side's parsing delay the other's timestamps (benchmarks/README.md has the numbers).
-The HTTP client is aiohttp: httpx falls behind well below 200 concurrent streams.
+(spawned, so it shares nothing with the caller): one loop driving both sides lets one side's
+work delay the other's sends. Requests go over a small HTTP/1.1 client that reads the kernel's
+receive time stamp of every read (see "HTTP/1.1 with kernel receive time stamps" below), so a
+busy client does not inflate the latencies it reports. benchmarks/README.md has the numbers
+behind both choices.
 
 Timing follows `vllm bench serve`, on the monotonic clock (`time.perf_counter`):
 TTFT = first SSE message with non-empty `choices` minus the send time, ITL = gaps between
-such messages, E2EL = last such message minus the send time. Every message in one network read
-gets that read's time stamp, so parsing cost never leaks into the numbers.
+such messages, E2EL = last such message minus the send time.
 
 A failed request becomes a record with `error` set ("<kind>: <detail>", kinds: timeout,
 http_<status>, connection, malformed_sse, cancelled); only a crash of the client itself raises.
@@ -23,9 +24,12 @@ import multiprocessing
 import queue
 import re
 import signal
+import socket
+import struct
 import time
 import traceback
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -182,18 +186,6 @@ def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
     return body
 
 
-def _endpoint_url(target: ServerTarget, spec: RequestSpec) -> str:
-    path = "/v1/chat/completions" if spec.endpoint == "chat" else "/v1/completions"
-    return target.base_url.rstrip("/") + path
-
-
-def _headers(target: ServerTarget, spec: RequestSpec) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "X-Request-Id": spec.request_id}
-    if target.api_key:
-        headers["Authorization"] = f"Bearer {target.api_key}"
-    return headers
-
-
 class _MalformedStream(Exception):
     """The server broke the SSE / JSON protocol; the request fails as malformed_sse."""
 
@@ -344,89 +336,307 @@ def _empty_record(side: str, spec: RequestSpec) -> RequestRecord:
     )
 
 
-class _WireStamp:
-    """Filled by the session's trace hook just before the request body is written."""
+# -- HTTP/1.1 with kernel receive time stamps --------------------------------------------------
+#
+# Why not aiohttp (or httpx): a Python client time-stamps a token when its code gets to it, and
+# vLLM sends a token to all C streams at once, so the last of 200 is stamped after the client
+# has processed the 199 before it (tens of ms at C=200, benchmarks/README.md). Here the socket
+# is read with recvmsg and SO_TIMESTAMPNS, so each read carries the time the kernel received the
+# data, whatever the client was busy with. The send time is taken right before the request
+# goes to the socket. Plain HTTP only: TLS would hide the time stamps.
 
-    __slots__ = ("at",)
-
-    def __init__(self) -> None:
-        self.at: float | None = None
-
-
-async def _stamp_body_write(session, context, params) -> None:
-    stamp = context.trace_request_ctx
-    if isinstance(stamp, _WireStamp) and stamp.at is None:
-        stamp.at = time.perf_counter()
+_SO_TIMESTAMPNS = 35  # Linux; also the ancillary message type (SCM_TIMESTAMPNS)
+_RECV_BYTES = 256 * 1024
+_ANCILLARY_BYTES = socket.CMSG_SPACE(16)
 
 
-def client_session(concurrency: int) -> aiohttp.ClientSession:
-    """A session with `concurrency` connections whose requests are time-stamped when their
-    body goes to the socket (see send_request). aiohttp's default pool holds 100."""
-    tracing = aiohttp.TraceConfig()
-    tracing.on_request_chunk_sent.append(_stamp_body_write)
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=concurrency, limit_per_host=0),
-        timeout=aiohttp.ClientTimeout(total=None),
-        trace_configs=[tracing],
+def _kernel_stamp(ancillary: list, read_at: float) -> float:
+    """The kernel's receive time (CLOCK_REALTIME) of a read, moved onto perf_counter's clock;
+    `read_at` when the kernel gave none (not Linux)."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
+            seconds, nanoseconds = struct.unpack("qq", data[:16])
+            stamp = seconds + nanoseconds * 1e-9 - (time.time() - read_at)
+            return min(stamp, read_at)
+    return read_at
+
+
+class _HttpResponse:
+    """Incremental HTTP/1.1 response parser: status and headers, then the body (chunked,
+    Content-Length or until close) handed to `on_body` piece by piece with its time stamp."""
+
+    def __init__(self, on_body: Callable[[bytes, float], None]) -> None:
+        self.on_body = on_body
+        self.status: int | None = None
+        self.keep_alive = True
+        self.complete = False
+        self.received_any = False
+        self._pending = b""
+        self._framing: Literal["chunked", "length", "close"] | None = None
+        self._remaining = 0
+        self._chunk_state: Literal["size", "data", "crlf", "trailer"] = "size"
+
+    def feed(self, data: bytes, stamp: float) -> None:
+        self.received_any = True
+        self._pending += data
+        if self._framing is None and not self._parse_head():
+            return
+        if self._framing == "chunked":
+            self._feed_chunked(stamp)
+        elif self._framing == "length":
+            piece, self._pending = (
+                self._pending[: self._remaining],
+                self._pending[self._remaining :],
+            )
+            self._remaining -= len(piece)
+            if piece:
+                self.on_body(piece, stamp)
+            self.complete = self._remaining == 0
+        elif self._pending:
+            piece, self._pending = self._pending, b""
+            self.on_body(piece, stamp)
+
+    def feed_eof(self) -> None:
+        if self._framing == "close":
+            self.complete = True
+        else:
+            raise ConnectionResetError("the server closed the connection mid-response")
+
+    def _parse_head(self) -> bool:
+        end = self._pending.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        head, self._pending = self._pending[:end].decode("latin-1"), self._pending[end + 4 :]
+        status_line, *header_lines = head.split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise _MalformedStream(f"not an HTTP response: {status_line[:80]!r}")
+        self.status = int(parts[1])
+        headers = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self.keep_alive = headers.get("connection", "").lower() != "close"
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self._framing = "chunked"
+        elif "content-length" in headers:
+            self._framing = "length"
+            self._remaining = int(headers["content-length"])
+            self.complete = self._remaining == 0
+        else:
+            self._framing = "close"
+            self.keep_alive = False
+        return True
+
+    def _feed_chunked(self, stamp: float) -> None:
+        while not self.complete:
+            if self._chunk_state == "data":
+                piece = self._pending[: self._remaining]
+                if not piece:
+                    return
+                self._pending = self._pending[len(piece) :]
+                self._remaining -= len(piece)
+                self.on_body(piece, stamp)
+                if self._remaining == 0:
+                    self._chunk_state = "crlf"
+                continue
+            if self._chunk_state == "crlf":
+                if len(self._pending) < 2:
+                    return
+                self._pending = self._pending[2:]
+                self._chunk_state = "size"
+                continue
+            end = self._pending.find(b"\r\n")
+            if end < 0:
+                return
+            line, self._pending = self._pending[:end], self._pending[end + 2 :]
+            if self._chunk_state == "trailer":
+                self.complete = line == b""
+                continue
+            size = int(line.split(b";", 1)[0].strip() or b"x", 16)
+            self._remaining = size
+            self._chunk_state = "data" if size else "trailer"
+
+
+class _Connection:
+    """One keep-alive connection, read with recvmsg from the event loop's reader callback."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reusable = True
+
+    @classmethod
+    async def open(cls, address: tuple) -> _Connection:
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            await asyncio.get_running_loop().sock_connect(sock, address)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock)
+
+    async def exchange(self, request: bytes, response: _HttpResponse) -> float:
+        """Send the request, read the whole response; returns the send time (perf_counter)."""
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        loop.add_reader(self.sock.fileno(), self._readable, response, finished)
+        try:
+            sent = time.perf_counter()
+            await loop.sock_sendall(self.sock, request)
+            await finished
+        except BaseException:
+            self.reusable = False
+            raise
+        finally:
+            loop.remove_reader(self.sock.fileno())
+        self.reusable = response.keep_alive
+        return sent
+
+    def _readable(self, response: _HttpResponse, finished: asyncio.Future) -> None:
+        while not finished.done():
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(_RECV_BYTES, _ANCILLARY_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                finished.set_exception(exc)
+                return
+            try:
+                if data:
+                    response.feed(data, _kernel_stamp(ancillary, time.perf_counter()))
+                else:
+                    response.feed_eof()
+            except Exception as exc:
+                finished.set_exception(exc)
+                return
+            if response.complete:
+                finished.set_result(None)
+            elif not data:
+                return
+
+    def close(self) -> None:
+        self.reusable = False
+        self.sock.close()
+
+
+class ConnectionPool:
+    """Keep-alive connections to one server, at most as many as requests in flight."""
+
+    def __init__(self, base_url: str) -> None:
+        url = urllib.parse.urlsplit(base_url)
+        if url.scheme != "http" or url.hostname is None:
+            raise ValueError(
+                f"{base_url!r}: the load client speaks plain http:// only (it reads kernel "
+                "receive time stamps, which TLS would hide); put a plain-HTTP proxy in front"
+            )
+        self.host = url.hostname
+        self.port = url.port or 80
+        self.host_header = url.netloc
+        self.path_prefix = url.path.rstrip("/")
+        self._address: tuple | None = None
+        self._idle: list[_Connection] = []
+
+    async def acquire(self) -> tuple[_Connection, bool]:
+        """A connection and whether it was reused (then the server may have closed it)."""
+        if self._idle:
+            return self._idle.pop(), True
+        if self._address is None:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                self.host, self.port, type=socket.SOCK_STREAM
+            )
+            self._address = infos[0][4]
+        return await _Connection.open(self._address), False
+
+    def release(self, connection: _Connection) -> None:
+        if connection.reusable:
+            self._idle.append(connection)
+        else:
+            connection.close()
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+
+def _http_request(pool: ConnectionPool, target: ServerTarget, spec: RequestSpec) -> bytes:
+    path = pool.path_prefix + (
+        "/v1/chat/completions" if spec.endpoint == "chat" else "/v1/completions"
     )
+    body = json.dumps(request_body(spec, target.model)).encode()
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {pool.host_header}",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+        f"Content-Length: {len(body)}",
+        f"X-Request-Id: {spec.request_id}",
+    ]
+    if target.api_key:
+        lines.append(f"Authorization: Bearer {target.api_key}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
 async def send_request(
-    session: aiohttp.ClientSession, target: ServerTarget, spec: RequestSpec, timeout_s: float
+    pool: ConnectionPool, target: ServerTarget, spec: RequestSpec, timeout_s: float
 ) -> RequestRecord:
     """One streamed request; every failure ends up in the record's `error`, never raised.
 
-    The clock starts when the request body is written to the socket (a trace hook of
-    `client_session`), not when aiohttp is called: on Python < 3.12 aiohttp writes the body
-    from a task of its own, one whole event-loop pass later, and under load that wait (and
-    waiting for a connection) is the client's delay, not the server's. Without the hook
-    (a plain session) the clock starts at the call, as in `vllm bench serve`.
-
-    Cancellation is the exception to "never raised": the record is completed with a
-    "cancelled" error and attached to the CancelledError (`.record`) for the caller to emit.
+    Cancellation is the exception: the record is completed with a "cancelled" error and
+    attached to the CancelledError (`.record`) for the caller to emit.
     """
     record = _empty_record(target.side, spec)
-    payload = json.dumps(request_body(spec, target.model)).encode()
-    headers = _headers(target, spec)
-    url = _endpoint_url(target, spec)
-    wire = _WireStamp()
-    record.sent_at = time.time()
-    called = time.perf_counter()
-    stream = _StreamAccumulator(record, called, spec.sampling.top_logprobs > 0)
+    request = _http_request(pool, target, spec)
+    stream = _StreamAccumulator(record, time.perf_counter(), spec.sampling.top_logprobs > 0)
+    error_body = bytearray()
+    response = _HttpResponse(lambda data, stamp: None)
+
+    def on_body(data: bytes, stamp: float) -> None:
+        if response.status == 200:
+            stream.feed(data, stamp)
+        elif len(error_body) < _ERROR_BODY_CHARS:
+            error_body.extend(data)
+
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(
-                url, data=payload, headers=headers, trace_request_ctx=wire
-            ) as response:
-                stream.start = wire.at if wire.at is not None else called
-                record.http_status = response.status
-                if response.status != 200:
-                    body = await response.text(errors="replace")
-                    record.error = f"http_{response.status}: {body[:_ERROR_BODY_CHARS]}"
-                    return record
-                while data := await response.content.readany():
-                    stream.feed(data, time.perf_counter())
-        stream.finish()
-        if stream.problem is not None:
+            for attempt in (1, 2):
+                response = _HttpResponse(on_body)
+                connection, reused = await pool.acquire()
+                try:
+                    record.sent_at = time.time()
+                    stream.start = await connection.exchange(request, response)
+                except OSError:
+                    if reused and not response.received_any and attempt == 1:
+                        continue  # the server had closed this idle keep-alive connection
+                    raise
+                finally:
+                    pool.release(connection)
+                break
+        if response.status != 200:
+            text = bytes(error_body).decode("utf-8", errors="replace")
+            record.error = f"http_{response.status}: {text}"
+        elif stream.problem is not None:
             record.error = stream.problem
         elif not stream.done:
             record.error = "connection: the stream ended before data: [DONE]"
     except TimeoutError:
-        stream.finish()
-        record.error = f"timeout: no complete response within {timeout_s:g} s"
-    except (aiohttp.ClientError, OSError) as exc:
-        stream.finish()
+        record.error = f"timeout: no complete response within {timeout_s} s"
+    except OSError as exc:
         record.error = f"connection: {type(exc).__name__}: {exc}"
     except (_MalformedStream, KeyError, TypeError, ValueError, AttributeError) as exc:
-        stream.finish()
         record.error = f"malformed_sse: {type(exc).__name__}: {exc}"
     except asyncio.CancelledError as exc:
-        stream.finish()
         record.error = "cancelled: the run was interrupted"
         exc.record = record  # type: ignore[attr-defined]
         raise
     finally:
-        record.sent_monotonic = wire.at if wire.at is not None else called
+        record.http_status = response.status
+        record.sent_monotonic = stream.start
+        stream.finish()
     return record
 
 
@@ -457,89 +667,76 @@ async def drive_side(
     *,
     offsets: list[float] | None = None,
     level_timeout_s: float | None = None,
-    before_measured: Callable[[], Any] | None = None,
+    before_measured: Callable[[], Awaitable[Any]] | None = None,
 ) -> None:
-    """Send one side's specs in order with at most `concurrency` in flight; warm-up specs
-    first, then `before_measured()` (awaited if it returns an awaitable: a start barrier
-    across sides), then the measured specs, paced by `offsets` when given.
+    """Send one side's specs in order with at most `concurrency` in flight: warm-up specs
+    first, then `await before_measured()` (a start barrier across sides), then the measured
+    specs, paced by `offsets` when given.
 
     Every spec yields exactly one record through `emit`; when `level_timeout_s` runs out the
     requests in flight and those never sent get a "timeout" record.
     """
     warmups = [s for s in job.specs if s.warmup]
     measured = [s for s in job.specs if not s.warmup]
-    deadline = None if level_timeout_s is None else time.perf_counter() + level_timeout_s
+    pool = ConnectionPool(job.target.base_url)
     slots = asyncio.Semaphore(concurrency)
-    in_flight: dict[asyncio.Task, RequestSpec] = {}
+    in_flight: set[asyncio.Task] = set()
     emitted: set[str] = set()
     level_expired = False
+    expired_error = f"timeout: level deadline of {level_timeout_s} s passed"
 
     def finish(record: RequestRecord) -> None:
         emitted.add(record.request_id)
         emit(record)
 
-    async def one(session: aiohttp.ClientSession, spec: RequestSpec) -> None:
+    async def one(spec: RequestSpec) -> None:
         try:
-            finish(await send_request(session, job.target, spec, timeout_s))
+            finish(await send_request(pool, job.target, spec, timeout_s))
         except asyncio.CancelledError as exc:
-            cancelled = getattr(exc, "record", None)
-            if cancelled is not None:
+            if (cancelled := getattr(exc, "record", None)) is not None:
                 if level_expired:
-                    cancelled.error = f"timeout: level deadline of {level_timeout_s:g} s passed"
+                    cancelled.error = expired_error
                 finish(cancelled)
             raise
         finally:
             slots.release()
 
-    async def dispatch(session: aiohttp.ClientSession, specs: list[RequestSpec], paced: bool):
+    async def dispatch(specs: list[RequestSpec], paced: bool) -> None:
         began = time.perf_counter()
         for i, spec in enumerate(specs):
             if paced and offsets is not None:
                 await asyncio.sleep(max(0.0, began + offsets[i] - time.perf_counter()))
             await slots.acquire()
-            task = asyncio.create_task(one(session, spec))
-            in_flight[task] = spec
-            task.add_done_callback(in_flight.pop)
+            task = asyncio.create_task(one(spec))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
         while in_flight:
-            await asyncio.wait(list(in_flight))
+            await asyncio.wait(set(in_flight))
 
-    async def run_all(session: aiohttp.ClientSession) -> None:
-        await dispatch(session, warmups, paced=False)
+    async def run_all() -> None:
+        await dispatch(warmups, paced=False)
         if before_measured is not None:
-            ready = before_measured()
-            if asyncio.iscoroutine(ready) or isinstance(ready, asyncio.Future):
-                await ready
-        await dispatch(session, measured, paced=True)
+            await before_measured()
+        await dispatch(measured, paced=True)
 
-    async with client_session(concurrency) as session:
-        try:
-            if deadline is None:
-                await run_all(session)
-            else:
-                async with asyncio.timeout_at(_loop_time(deadline)):
-                    await run_all(session)
-        except TimeoutError:
-            level_expired = True
-            _cancel_all(in_flight)
-            await asyncio.gather(*in_flight, return_exceptions=True)
-            for spec in job.specs:
-                if spec.request_id not in emitted:
-                    record = _empty_record(job.target.side, spec)
-                    record.error = f"timeout: level deadline of {level_timeout_s:g} s passed"
-                    finish(record)
-        finally:
-            _cancel_all(in_flight)
-            await asyncio.gather(*in_flight, return_exceptions=True)
-
-
-def _cancel_all(tasks: dict[asyncio.Task, RequestSpec]) -> None:
-    for task in list(tasks):
-        task.cancel()
-
-
-def _loop_time(perf_deadline: float) -> float:
-    """Translate a perf_counter deadline to the running loop's clock."""
-    return asyncio.get_running_loop().time() + (perf_deadline - time.perf_counter())
+    try:
+        async with asyncio.timeout(level_timeout_s):
+            await run_all()
+    except TimeoutError:
+        level_expired = True
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        for spec in job.specs:
+            if spec.request_id not in emitted:
+                record = _empty_record(job.target.side, spec)
+                record.error = expired_error
+                finish(record)
+    finally:
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        pool.close()
 
 
 # -- a level: all sides at once -----------------------------------------------------------------
