@@ -24,8 +24,10 @@ import argparse
 import asyncio
 import contextlib
 import json
+import threading
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -111,7 +113,9 @@ class StubServer:
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, backlog=1024)
         await site.start()
@@ -428,6 +432,32 @@ async def _sleep_until(deadline: float) -> None:
     delay = deadline - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
+
+
+@contextlib.contextmanager
+def serve_in_thread(config: StubConfig) -> Iterator[StubServer]:
+    """Run a stub on its own event loop in a daemon thread, for tests in the caller's process."""
+    server = StubServer(config)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.start())
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(server.stop())
+        loop.close()
+
+    thread = threading.Thread(target=run, name="stub-server", daemon=True)
+    thread.start()
+    if not started.wait(timeout=30):
+        raise RuntimeError("the stub server did not start within 30 s")
+    try:
+        yield server
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
 
 
 def _parse_fault(text: str) -> tuple[int, str]:
