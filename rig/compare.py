@@ -10,6 +10,7 @@ margin within `near_tie_margin`) or a *substantive* divergence. Drift (rig.drift
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -81,8 +82,13 @@ class PairResult:
         return row
 
 
+def _finite_or_floor(value: float | None) -> float:
+    """A broken kernel can make the server report NaN (sent as null) logprobs: rank them last."""
+    return value if value is not None and math.isfinite(value) else -math.inf
+
+
 def _rank(token_id: int, top: dict[int, float]) -> int | None:
-    ordered = sorted(top.items(), key=lambda item: -item[1])
+    ordered = sorted(top.items(), key=lambda item: -_finite_or_floor(item[1]))
     for rank, (candidate_id, _) in enumerate(ordered, start=1):
         if candidate_id == token_id:
             return rank
@@ -90,8 +96,10 @@ def _rank(token_id: int, top: dict[int, float]) -> int | None:
 
 
 def _margin(position: TokenLogprob) -> float | None:
-    values = sorted(position.top.values(), reverse=True)
-    return values[0] - values[1] if len(values) >= 2 else None
+    values = sorted((_finite_or_floor(v) for v in position.top.values()), reverse=True)
+    if len(values) < 2 or not all(math.isfinite(v) for v in values[:2]):
+        return None
+    return values[0] - values[1]
 
 
 def _first_token_mismatch(a: list[int], b: list[int]) -> int | None:
@@ -190,6 +198,14 @@ def content_pathologies(record: RequestRecord, max_tokens: int | None) -> list[t
         found.append(("replacement_char", f"{record.text.count(chr(0xFFFD))} x U+FFFD"))
     if _LONE_SURROGATE.search(record.text):
         found.append(("invalid_utf8", "lone surrogate in decoded text"))
+    nonfinite = sum(
+        1
+        for position in record.logprobs or []
+        if not math.isfinite(_finite_or_floor(position.logprob))
+        or any(not math.isfinite(_finite_or_floor(v)) for v in position.top.values())
+    )
+    if nonfinite:
+        found.append(("nonfinite_logprobs", f"{nonfinite} positions with NaN/inf logprobs"))
     loop = _repetition_loop(record.token_ids, record.text)
     if loop:
         found.append(("repetition_loop", loop))

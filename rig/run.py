@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -585,10 +586,19 @@ def main(argv: list[str] | None = None) -> int:
     runner.state.timings["wall_s"] = time.monotonic() - wall_start
     if error is None:
         runner.store_golden()
-    outcome = runner.outcome(error)
+    try:
+        outcome = runner.outcome(error)
+        paths = write_report(outcome)
+    except Exception as exc:  # the raw results are on disk; say where, keep the traceback
+        (run_dir / "report-error.txt").write_text(traceback.format_exc())
+        print(
+            f"rig: error: building the report failed ({type(exc).__name__}: {exc}); raw results "
+            f"kept in {run_dir / 'requests.jsonl'}, traceback in {run_dir / 'report-error.txt'}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     if runner.golden is not None:
         print(_cost_comparison(runner.golden.timings, runner.state.timings), flush=True)
-    paths = write_report(outcome)
     print((run_dir / "summary.md").read_text(encoding="utf-8"))
     print(f"rig: report: {paths['report.html']}")
     if error is not None:

@@ -155,7 +155,7 @@ def decide(
     ]
     if drift:
         drift_ok = counts.drift_errors == 0
-        detail = f"mean |Δlogprob| {counts.drift_mean:.4f}, max {counts.drift_max:.4f}"
+        detail = f"mean abs Δlogprob {counts.drift_mean:.4f}, max {counts.drift_max:.4f}"
         if g.max_mean_drift is not None:
             drift_ok = drift_ok and counts.drift_mean <= g.max_mean_drift
             detail += f" (mean allowed {g.max_mean_drift})"

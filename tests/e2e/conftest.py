@@ -84,3 +84,9 @@ def run_rig(tmp_path_factory, tiny_model):
         return RigRun(done.returncode, done.stdout, done.stderr, results / name)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def ns4_run(run_rig) -> RigRun:
+    """`make e2e` (reference vs ns4): the first run of the session fills the golden cache."""
+    return run_rig(name="smoke-ns4")

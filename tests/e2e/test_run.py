@@ -12,8 +12,8 @@ from .conftest import rig_processes
 
 
 @pytest.fixture(scope="module")
-def smoke(run_rig):
-    return run_rig(name="smoke-ns4")
+def smoke(ns4_run):
+    return ns4_run
 
 
 def test_ns4_run_passes_and_writes_every_report(smoke):
