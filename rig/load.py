@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import itertools
 import json
 import multiprocessing
 import queue
@@ -195,8 +197,8 @@ class _StreamAccumulator:
 
     def __init__(self, record: RequestRecord, start: float, want_logprobs: bool) -> None:
         self.record = record
-        self.start = start
-        self.last_token_at: float | None = None
+        self.start = start  # may be moved until finish(): times are kept absolute till then
+        self.token_times: list[float] = []
         self.buffer = b""
         self.text_parts: list[str] = []
         self.token_ids: list[int] = []
@@ -215,13 +217,16 @@ class _StreamAccumulator:
         rest = self.buffer.strip()
         if rest:  # a last event without its blank line
             self.buffer = b""
-            self._event(rest, self.last_token_at or self.start)
+            self._event(rest, self.token_times[-1] if self.token_times else self.start)
         record = self.record
         record.text = "".join(self.text_parts)
         record.token_ids = self.token_ids if self.saw_token_ids else None
         record.logprobs = self.logprobs
-        if self.last_token_at is not None:
-            record.e2el_s = self.last_token_at - self.start
+        times = self.token_times
+        if times:
+            record.ttft_s = times[0] - self.start
+            record.itl_s = [later - earlier for earlier, later in itertools.pairwise(times)]
+            record.e2el_s = times[-1] - self.start
 
     def _event(self, event: bytes, received: float) -> None:
         for line in event.split(b"\n"):
@@ -262,11 +267,7 @@ class _StreamAccumulator:
         if not choices:
             return
         record = self.record
-        if self.last_token_at is None:
-            record.ttft_s = received - self.start
-        else:
-            record.itl_s.append(received - self.last_token_at)
-        self.last_token_at = received
+        self.token_times.append(received)
         choice = choices[0]
         delta = choice.get("delta")
         text = choice.get("text") if delta is None else delta.get("content")
@@ -371,6 +372,7 @@ class _HttpResponse:
         self.keep_alive = True
         self.complete = False
         self.received_any = False
+        self.sent_at: float | None = None  # perf_counter right before the request was sent
         self._pending = b""
         self._framing: Literal["chunked", "length", "close"] | None = None
         self._remaining = 0
@@ -480,13 +482,13 @@ class _Connection:
             raise
         return cls(sock)
 
-    async def exchange(self, request: bytes, response: _HttpResponse) -> float:
-        """Send the request, read the whole response; returns the send time (perf_counter)."""
+    async def exchange(self, request: bytes, response: _HttpResponse) -> None:
+        """Send the request and read the whole response into `response`."""
         loop = asyncio.get_running_loop()
         finished = loop.create_future()
         loop.add_reader(self.sock.fileno(), self._readable, response, finished)
         try:
-            sent = time.perf_counter()
+            response.sent_at = time.perf_counter()
             await loop.sock_sendall(self.sock, request)
             await finished
         except BaseException:
@@ -495,7 +497,6 @@ class _Connection:
         finally:
             loop.remove_reader(self.sock.fileno())
         self.reusable = response.keep_alive
-        return sent
 
     def _readable(self, response: _HttpResponse, finished: asyncio.Future) -> None:
         while not finished.done():
@@ -546,10 +547,14 @@ class ConnectionPool:
         if self._idle:
             return self._idle.pop(), True
         if self._address is None:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                self.host, self.port, type=socket.SOCK_STREAM
-            )
-            self._address = infos[0][4]
+            try:
+                ipaddress.ip_address(self.host)
+                self._address = (self.host, self.port)
+            except ValueError:  # a name: resolve it once (in a thread, so it costs time)
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    self.host, self.port, type=socket.SOCK_STREAM
+                )
+                self._address = infos[0][4]
         return await _Connection.open(self._address), False
 
     def release(self, connection: _Connection) -> None:
@@ -608,7 +613,7 @@ async def send_request(
                 connection, reused = await pool.acquire()
                 try:
                     record.sent_at = time.time()
-                    stream.start = await connection.exchange(request, response)
+                    await connection.exchange(request, response)
                 except OSError:
                     if reused and not response.received_any and attempt == 1:
                         continue  # the server had closed this idle keep-alive connection
@@ -635,7 +640,8 @@ async def send_request(
         raise
     finally:
         record.http_status = response.status
-        record.sent_monotonic = stream.start
+        if response.sent_at is not None:
+            record.sent_monotonic = stream.start = response.sent_at
         stream.finish()
     return record
 
@@ -796,6 +802,7 @@ def _check_jobs(jobs: list[SideJob], concurrency: int) -> None:
     if len(set(sides)) != len(sides):
         raise ValueError(f"each side may appear once per level, got {sides}")
     for job in jobs:
+        ConnectionPool(job.target.base_url)  # refuses what it cannot talk to
         for attribute in ("request_id", "cache_salt"):
             values = [getattr(spec, attribute) for spec in job.specs]
             if len(set(values)) != len(values):

@@ -1,0 +1,433 @@
+"""The load engine against the paced stub: timing fields, parsing, faults, order, limits, cancel."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from rig.load import (
+    RequestRecord,
+    RequestSpec,
+    SamplingParams,
+    ServerTarget,
+    SideJob,
+    TokenLogprob,
+    _HttpResponse,
+    arrival_offsets,
+    parse_prefix_cache_counters,
+    read_prefix_cache_counters,
+    request_body,
+    run_level,
+)
+from rig.stub_server import StubConfig, serve_in_thread
+
+FAST = StubConfig(ttft_s=0.02, itl_s=0.005, output_tokens=5)
+
+
+def spec(i: int, endpoint: str = "completions", level: int = 2, **sampling) -> RequestSpec:
+    return RequestSpec(
+        request_id=f"r{i}",
+        prompt_id=f"p{i % 3}",
+        level=level,
+        repeat=0,
+        index=i,
+        endpoint=endpoint,  # type: ignore[arg-type]
+        prompt=f"prompt number {i % 3}" if endpoint == "completions" else None,
+        messages=({"role": "user", "content": f"hi {i}"},) if endpoint == "chat" else None,
+        cache_salt=f"run1.{i}",
+        sampling=SamplingParams(max_tokens=sampling.pop("max_tokens", 5), **sampling),
+    )
+
+
+def one_side(stub, specs, concurrency=2, side="reference", **options) -> list[RequestRecord]:
+    job = SideJob(ServerTarget(side, stub.url, "stub"), specs)
+    options.setdefault("timeout_s", 10)
+    return run_level([job], concurrency, progress=False, **options)[side]
+
+
+# -- the request body ----------------------------------------------------------------------------
+
+
+def test_completions_body_is_greedy_streamed_salted_with_ids_usage_and_logprobs():
+    body = request_body(spec(0, top_logprobs=3, seed=7), "m")
+    assert body["temperature"] == 0 and body["seed"] == 7 and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["cache_salt"] == "run1.0" and body["return_token_ids"] is True
+    assert body["logprobs"] == 3 and body["return_tokens_as_token_ids"] is True
+    assert body["prompt"] == "prompt number 0" and body["max_tokens"] == 5
+    assert "messages" not in body and "top_logprobs" not in body
+
+
+def test_chat_body_uses_chat_logprobs_and_template_kwargs_and_extra_body_wins():
+    request = spec(
+        1,
+        "chat",
+        top_logprobs=2,
+        chat_template_kwargs={"enable_thinking": False},
+        extra_body={"temperature": 0.5, "ignore_eos": True},
+    )
+    body = request_body(request, "m")
+    assert body["messages"] == [{"role": "user", "content": "hi 1"}]
+    assert body["logprobs"] is True and body["top_logprobs"] == 2
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["temperature"] == 0.5 and body["ignore_eos"] is True
+
+
+def test_no_logprobs_asked_for_by_default():
+    assert "logprobs" not in request_body(spec(0), "m")
+
+
+@pytest.mark.parametrize("salt", ["", "a" * 129, "a@b", "a/b", "a\\b", "a\x00b"])
+def test_salts_vllm_would_reject_are_rejected_up_front(salt):
+    with pytest.raises(ValueError, match="cache_salt"):
+        RequestSpec("r", "p", 1, 0, 0, "completions", "x", None, salt, SamplingParams(1))
+
+
+def test_a_128_character_salt_is_fine():
+    RequestSpec("r", "p", 1, 0, 0, "completions", "x", None, "a" * 128, SamplingParams(1))
+
+
+def test_a_chat_spec_needs_messages():
+    with pytest.raises(ValueError, match="messages"):
+        RequestSpec("r", "p", 1, 0, 0, "chat", None, None, "s", SamplingParams(1))
+
+
+# -- timing and parsing ---------------------------------------------------------------------------
+
+
+def test_timings_are_bounded_by_what_the_stub_did():
+    """Causality on one clock: the client sent before the stub saw the request and received
+    each token after the stub sent it, and not long after on an idle loopback."""
+    with serve_in_thread(FAST) as stub:
+        records = one_side(stub, [spec(i) for i in range(6)])
+        log = {entry.key: entry for entry in stub.log}
+    for record in records:
+        entry = log[record.request_id]
+        receipts = record.sent_monotonic + record.ttft_s + np.cumsum([0.0, *record.itl_s])
+        assert record.sent_monotonic <= entry.arrived
+        assert len(receipts) == len(entry.sent) == 5
+        assert np.all(receipts >= np.array(entry.sent) - 1e-4)
+        assert np.all(receipts <= np.array(entry.sent) + 0.5)
+        assert record.e2el_s == pytest.approx(record.ttft_s + sum(record.itl_s))
+        assert record.ttft_s >= FAST.ttft_s
+        assert abs(record.sent_at - time.time()) < 60
+
+
+def test_text_token_ids_usage_and_finish_reason_are_parsed():
+    with serve_in_thread(FAST) as stub:
+        completions, chat = one_side(stub, [spec(0), spec(1, "chat")])
+    for record in (completions, chat):
+        assert record.error is None and record.http_status == 200
+        assert record.text == "".join(f" w{t}" for t in record.token_ids)
+        assert len(record.token_ids) == 5 and record.output_tokens == 5
+        assert record.finish_reason == "length" and record.prompt_tokens >= 1
+        assert record.logprobs is None
+    assert len(chat.itl_s) == 5  # the role chunk counts as the first, like vllm bench serve
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_logprobs_are_keyed_by_token_id(endpoint):
+    with serve_in_thread(FAST) as stub:
+        (record,) = one_side(stub, [spec(0, endpoint, top_logprobs=3)])
+    assert [p.token_id for p in record.logprobs] == record.token_ids
+    for position in record.logprobs:
+        assert len(position.top) == 3 and position.token_id in position.top
+        assert all(isinstance(token_id, int) for token_id in position.top)
+        assert position.logprob == position.top[position.token_id]
+
+
+def test_records_round_trip_through_json():
+    with serve_in_thread(FAST) as stub:
+        (record,) = one_side(stub, [spec(0, top_logprobs=2)])
+    line = record.to_json()
+    assert "\n" not in line
+    again = RequestRecord.from_json(line)
+    assert again == record and isinstance(again.logprobs[0], TokenLogprob)
+
+
+# -- faults ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        ("http_409", "http_409"),
+        ("http_429", "http_429"),
+        ("http_500", "http_500"),
+        ("hang", "timeout"),
+        ("stall", "timeout"),
+        ("malformed_sse", "malformed_sse"),
+        ("drop", "connection"),
+        ("invalid_utf8", "malformed_sse"),
+    ],
+)
+def test_each_fault_becomes_an_error_record_of_its_kind(fault, kind):
+    with serve_in_thread(FAST) as stub:
+        failing = spec(1, extra_body={"stub_fault": fault})
+        records = one_side(stub, [spec(0), failing, spec(2)], concurrency=1, timeout_s=1.0)
+    assert [r.request_id for r in records] == ["r0", "r1", "r2"]
+    assert records[0].error is None and records[2].error is None
+    assert records[1].error.split(":", 1)[0] == kind
+    if kind.startswith("http_"):
+        assert records[1].http_status == int(kind[5:]) and "stub fault" in records[1].error
+
+
+def test_partial_output_is_kept_when_a_stream_fails():
+    with serve_in_thread(FAST) as stub:
+        (dropped,) = one_side(stub, [spec(0, extra_body={"stub_fault": "drop"})])
+        (invalid,) = one_side(stub, [spec(1, extra_body={"stub_fault": "invalid_utf8"})])
+    assert dropped.text.count(" w") == 2 and dropped.ttft_s is not None
+    assert "\ufffd" in invalid.text and invalid.text.count(" w") == 5
+
+
+@pytest.mark.parametrize("fault", ["replacement_char", "repetition", "empty"])
+def test_content_faults_are_not_transport_errors(fault):
+    with serve_in_thread(FAST) as stub:
+        (record,) = one_side(stub, [spec(0, max_tokens=9, extra_body={"stub_fault": fault})])
+    assert record.error is None
+    if fault == "replacement_char":
+        assert record.text.startswith("\ufffd")
+    elif fault == "repetition":
+        assert record.output_tokens == 9 and len(set(record.token_ids)) == 1
+    else:
+        assert record.text == "" and record.ttft_s is not None
+
+
+def test_a_server_that_is_not_there_is_a_connection_error():
+    job = SideJob(ServerTarget("reference", "http://127.0.0.1:9", "stub"), [spec(0)])
+    (record,) = run_level([job], 1, timeout_s=5, progress=False)["reference"]
+    assert record.error.startswith("connection:") and record.http_status is None
+
+
+# -- order, concurrency, salts, warm-up, pacing ----------------------------------------------
+
+
+def test_at_most_c_in_flight_in_order_with_salts_passed_through():
+    concurrency, count = 4, 16
+    with serve_in_thread(FAST) as stub:
+        records = one_side(stub, [spec(i) for i in range(count)], concurrency=concurrency)
+        log = list(stub.log)
+    assert [r.request_id for r in records] == [f"r{i}" for i in range(count)]
+    intervals = [(e.arrived, e.finished) for e in log]
+    peak = max(sum(a <= t < f for a, f in intervals) for t, _ in intervals)
+    assert peak == concurrency
+    arrival_rank = {e.key: rank for rank, e in enumerate(log)}
+    for i in range(count):  # only requests in flight together can overtake each other
+        assert abs(arrival_rank[f"r{i}"] - i) < concurrency
+    assert {e.key: e.cache_salt for e in log} == {r.request_id: r.cache_salt for r in records}
+
+
+def test_both_sides_run_at_the_same_time():
+    slow = StubConfig(ttft_s=0.2, itl_s=0.05, output_tokens=4)
+    with serve_in_thread(slow) as one, serve_in_thread(slow) as two:
+        jobs = [
+            SideJob(ServerTarget("reference", one.url, "stub"), [spec(i) for i in range(2)]),
+            SideJob(ServerTarget("candidate", two.url, "stub"), [spec(i) for i in range(2)]),
+        ]
+        seen: list[RequestRecord] = []
+        results = run_level(jobs, 2, timeout_s=10, on_record=seen.append, progress=False)
+        starts = [min(e.arrived for e in stub.log) for stub in (one, two)]
+    assert abs(starts[0] - starts[1]) < 0.15  # each side takes 0.35 s
+    assert sorted(r.request_id + r.side for r in seen) == sorted(
+        r.request_id + r.side for side in results.values() for r in side
+    )
+
+
+def test_warmup_requests_go_first_and_are_flagged():
+    specs = [spec(i) for i in range(4)]
+    specs[0] = RequestSpec(**{**specs[0].__dict__, "warmup": True})
+    specs[3] = RequestSpec(**{**specs[3].__dict__, "warmup": True})
+    with serve_in_thread(FAST) as stub:
+        records = one_side(stub, specs, concurrency=4)
+        log = {e.key: e for e in stub.log}
+    assert [r.warmup for r in records] == [True, False, False, True]
+    warm_end = max(log[k].finished for k in ("r0", "r3"))
+    assert all(log[k].arrived >= warm_end for k in ("r1", "r2"))
+
+
+def test_arrival_offsets_are_seeded_and_gamma_shaped():
+    poisson = np.diff(arrival_offsets(4000, 50.0, 1.0, seed=3))
+    regular = np.diff(arrival_offsets(4000, 50.0, 20.0, seed=3))
+    assert arrival_offsets(10, 50.0, 1.0, seed=3) == arrival_offsets(10, 50.0, 1.0, seed=3)
+    assert poisson.mean() == pytest.approx(1 / 50, rel=0.1)
+    assert poisson.std() / poisson.mean() == pytest.approx(1.0, rel=0.1)
+    assert regular.std() / regular.mean() < 0.3
+    assert arrival_offsets(10, None, 1.0, seed=0) is None
+
+
+def test_request_rate_paces_the_sends():
+    warmup = RequestSpec(**{**spec(9).__dict__, "warmup": True})  # first connection, cold code
+    offsets = arrival_offsets(5, 20.0, 1.0, seed=0)
+    with serve_in_thread(FAST) as stub:
+        records = one_side(
+            stub, [warmup] + [spec(i) for i in range(5)], concurrency=5, request_rate=20.0, seed=0
+        )
+    sent = np.array([r.sent_monotonic for r in records[1:]])
+    assert np.all(sent - sent[0] >= np.array(offsets) - 0.005)
+
+
+def test_level_deadline_gives_every_spec_a_record():
+    slow = StubConfig(ttft_s=0.05, itl_s=0.2, output_tokens=20)
+    with serve_in_thread(slow) as stub:
+        records = one_side(stub, [spec(i, max_tokens=20) for i in range(4)], level_timeout_s=0.5)
+    assert [r.request_id for r in records] == ["r0", "r1", "r2", "r3"]
+    assert all(r.error.startswith("timeout: level deadline") for r in records)
+    assert records[0].ttft_s is not None and records[3].sent_monotonic is None
+
+
+@pytest.mark.parametrize(
+    ("jobs_of", "message"),
+    [
+        (lambda url: [SideJob(ServerTarget("a", url, "m"), [spec(0), spec(0)])], "request_id"),
+        (lambda url: [SideJob(ServerTarget("a", "https://x", "m"), [spec(0)])], "plain http"),
+        (lambda url: [SideJob(ServerTarget("a", url, "m"), [])] * 2, "once per level"),
+    ],
+)
+def test_bad_jobs_are_refused_before_anything_is_sent(jobs_of, message):
+    with pytest.raises(ValueError, match=message):
+        run_level(jobs_of("http://127.0.0.1:9"), 1, timeout_s=1, progress=False)
+
+
+def test_concurrency_must_be_positive():
+    with pytest.raises(ValueError, match="concurrency"):
+        run_level([], 0, timeout_s=1, progress=False)
+
+
+def test_inline_isolation_gives_the_same_records():
+    with serve_in_thread(FAST) as stub:
+        inline = one_side(stub, [spec(i) for i in range(3)], isolation="inline")
+        spawned = one_side(stub, [spec(i) for i in range(3)], side="candidate")
+    assert [(r.text, r.token_ids, r.error) for r in inline] == [
+        (r.text, r.token_ids, r.error) for r in spawned
+    ]
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------
+
+_INTERRUPTED_RUN = textwrap.dedent(
+    """
+    import json, sys
+    from rig.load import RequestSpec, SamplingParams, ServerTarget, SideJob, run_level
+
+    if __name__ == "__main__":
+        specs = [
+            RequestSpec(f"r{i}", "p", 4, 0, i, "completions", "x", None, f"s{i}",
+                        SamplingParams(max_tokens=100))
+            for i in range(8)
+        ]
+        job = SideJob(ServerTarget("reference", sys.argv[1], "stub"), specs)
+        emit = lambda record: print(json.dumps([record.request_id, record.error]), flush=True)
+        try:
+            run_level([job], 4, timeout_s=60, on_record=emit, progress=False)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+    """
+)
+
+
+def test_ctrl_c_cancels_in_flight_requests_and_stops_the_workers():
+    slow = StubConfig(ttft_s=0.05, itl_s=0.1, output_tokens=100)
+    with serve_in_thread(slow) as stub:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _INTERRUPTED_RUN, stub.url],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.time() + 60
+            while stub.in_flight < 4 and time.time() < deadline:
+                time.sleep(0.05)
+            assert stub.in_flight == 4
+            os.killpg(process.pid, signal.SIGINT)  # like Ctrl-C: the whole process group
+            out, _ = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        deadline = time.time() + 5
+        while stub.in_flight and time.time() < deadline:
+            time.sleep(0.05)
+        assert stub.in_flight == 0  # the workers closed their connections
+    lines = out.splitlines()
+    assert lines[-1] == "INTERRUPTED" and process.returncode == 0
+    cancelled = [json.loads(line) for line in lines[:-1]]
+    assert sorted(rid for rid, _ in cancelled) == ["r0", "r1", "r2", "r3"]
+    assert all(error.startswith("cancelled:") for _, error in cancelled)
+
+
+# -- HTTP framing and prefix-cache counters ------------------------------------------------------
+
+
+def _body_of(response_bytes: bytes, step: int) -> tuple[bytes, _HttpResponse]:
+    pieces: list[bytes] = []
+    response = _HttpResponse(lambda data, stamp: pieces.append(data))
+    for start in range(0, len(response_bytes), step):
+        response.feed(response_bytes[start : start + step], 0.0)
+    return b"".join(pieces), response
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_chunked_bodies_decode_whatever_the_read_boundaries(step):
+    raw = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext=1\r\nhello\r\nA\r\n world 123\r\n0\r\nX-Trailer: t\r\n\r\n"
+    )
+    body, response = _body_of(raw, step)
+    assert body == b"hello world 123"
+    assert response.complete and response.keep_alive and response.status == 200
+
+
+def test_content_length_and_close_delimited_bodies():
+    body, response = _body_of(b"HTTP/1.1 429 Too\r\nContent-Length: 4\r\n\r\nbusy", 2)
+    assert (body, response.status, response.complete) == (b"busy", 429, True)
+    body, response = _body_of(b"HTTP/1.0 200 OK\r\nConnection: close\r\n\r\nabc", 2)
+    assert body == b"abc" and not response.complete and not response.keep_alive
+    response.feed_eof()
+    assert response.complete
+
+
+def test_eof_inside_a_chunked_body_is_an_error():
+    _, response = _body_of(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel", 4)
+    with pytest.raises(ConnectionResetError):
+        response.feed_eof()
+
+
+VLLM_METRICS = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 300.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 640.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 0.0
+"""
+
+
+def test_counters_are_summed_over_label_sets():
+    counters = parse_prefix_cache_counters(VLLM_METRICS)
+    assert (counters.queries, counters.hits) == (1500.0, 640.0)
+
+
+def test_missing_counters_are_an_error():
+    with pytest.raises(ValueError, match="prefix_cache_hits_total"):
+        parse_prefix_cache_counters(VLLM_METRICS.replace("hits", "misses"))
+
+
+def test_counters_read_from_the_stub_show_a_repeated_unsalted_prompt():
+    import asyncio
+
+    with serve_in_thread(StubConfig(ttft_s=0, itl_s=0, output_tokens=1, engines=2)) as stub:
+        before = asyncio.run(read_prefix_cache_counters(stub.url))
+        one_side(stub, [spec(0)])
+        one_side(stub, [RequestSpec(**{**spec(0).__dict__, "request_id": "again"})])
+        after = asyncio.run(read_prefix_cache_counters(stub.url))
+    assert (before.queries, before.hits) == (0.0, 0.0)
+    assert after.queries == 6.0 and after.hits == 3.0  # same salt and prompt: a hit
