@@ -351,15 +351,25 @@ _RECV_BYTES = 256 * 1024
 _ANCILLARY_BYTES = socket.CMSG_SPACE(16)
 
 
-def _kernel_stamp(ancillary: list, read_at: float) -> float:
-    """The kernel's receive time (CLOCK_REALTIME) of a read, moved onto perf_counter's clock;
-    `read_at` when the kernel gave none (not Linux)."""
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
-            seconds, nanoseconds = struct.unpack("qq", data[:16])
+def enable_receive_stamps(sock: socket.socket) -> None:
+    """Ask the kernel to stamp received data (Linux); elsewhere reads are stamped on arrival
+    in Python."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+
+
+def recv_stamped(sock: socket.socket) -> tuple[bytes, float]:
+    """One non-blocking read and the time the kernel received its data, on perf_counter's
+    clock. The kernel's stamp is CLOCK_REALTIME; it is moved over with the offset between
+    the two clocks measured at the read, so a clock step can only touch that one read."""
+    data, ancillary, _, _ = sock.recvmsg(_RECV_BYTES, _ANCILLARY_BYTES)
+    read_at = time.perf_counter()
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
+            seconds, nanoseconds = struct.unpack("qq", raw[:16])
             stamp = seconds + nanoseconds * 1e-9 - (time.time() - read_at)
-            return min(stamp, read_at)
-    return read_at
+            return data, min(stamp, read_at)
+    return data, read_at
 
 
 class _HttpResponse:
@@ -474,8 +484,7 @@ class _Connection:
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            enable_receive_stamps(sock)
             await asyncio.get_running_loop().sock_connect(sock, address)
         except BaseException:
             sock.close()
@@ -501,7 +510,7 @@ class _Connection:
     def _readable(self, response: _HttpResponse, finished: asyncio.Future) -> None:
         while not finished.done():
             try:
-                data, ancillary, _, _ = self.sock.recvmsg(_RECV_BYTES, _ANCILLARY_BYTES)
+                data, stamp = recv_stamped(self.sock)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -509,7 +518,7 @@ class _Connection:
                 return
             try:
                 if data:
-                    response.feed(data, _kernel_stamp(ancillary, time.perf_counter()))
+                    response.feed(data, stamp)
                 else:
                     response.feed_eof()
             except Exception as exc:
