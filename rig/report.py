@@ -274,7 +274,7 @@ def render_html(
     verdict_html = "".join(
         f"<p>{html.escape(line)}</p>"
         for line in verdict_md.splitlines()
-        if line and "|" not in line
+        if line and "|" not in line and not line.startswith("**Verdict")
     )
     gates = pd.DataFrame([asdict(g) for g in outcome.verdict.gates])
     plot = _plot_png(summary)
