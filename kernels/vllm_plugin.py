@@ -279,7 +279,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
         ):
             self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
             if self.gdn_prefill_backend not in FLA_METADATA_BACKENDS:
-                chunk_indices = None  # e.g. cutedsl's metadata is not in FLA's layout
+                chunk_indices = chunk_offsets = None  # e.g. cutedsl's are not FLA's layout
             result = candidate(
                 q,
                 k,
@@ -290,6 +290,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
                 output_final_state=output_final_state,
                 cu_seqlens=cu_seqlens,
                 chunk_indices=chunk_indices,
+                chunk_offsets=chunk_offsets,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                 core_attn_out=core_attn_out,
             )
