@@ -376,10 +376,13 @@ def _gdn_weights(params: TinyModelParams, generator: torch.Generator, prefix: st
 
 @dataclass(frozen=True)
 class GdnKernelInputs:
-    """What one GDN layer hands the chunked prefill kernel, for one sequence."""
+    """What one GDN layer hands the chunked prefill kernel for one sequence (the L2 norm of q
+    and k, which the kernel does itself, already applied)."""
 
     layer: int
-    key: torch.Tensor  # [tokens, key heads, head dim], L2-normalised as inside the kernel
+    query: torch.Tensor  # [tokens, key heads, head dim]
+    key: torch.Tensor  # [tokens, key heads, head dim]
+    value: torch.Tensor  # [tokens, value heads, head dim]
     beta: torch.Tensor  # [tokens, value heads]
     g: torch.Tensor  # [tokens, value heads], log decay
 
@@ -431,7 +434,7 @@ def _gdn(w, params, prefix, x, layer, captured) -> torch.Tensor:
     padded = F.pad(mixed.transpose(1, 2), (conv.shape[1] - 1, 0))
     mixed = F.silu(F.conv1d(padded, conv.unsqueeze(1), groups=conv.shape[0])).transpose(1, 2)
     q, k, v = mixed.split([k_heads * dim, k_heads * dim, v_heads * dim], dim=-1)
-    q = F.normalize(q.view(batch, tokens, k_heads, dim), dim=-1, eps=1e-6) * dim**-0.5
+    q = F.normalize(q.view(batch, tokens, k_heads, dim), dim=-1, eps=1e-6)
     k = F.normalize(k.view(batch, tokens, k_heads, dim), dim=-1, eps=1e-6)
     v = v.view(batch, tokens, v_heads, dim)
     beta = torch.sigmoid(b.reshape(batch, tokens, v_heads))
@@ -439,8 +442,11 @@ def _gdn(w, params, prefix, x, layer, captured) -> torch.Tensor:
         a.reshape(batch, tokens, v_heads) + w[f"{prefix}.dt_bias"]
     )
     if captured is not None:
-        captured.extend(GdnKernelInputs(layer, k[i], beta[i], g[i]) for i in range(batch))
-    q, k = q.repeat_interleave(v_per_k, dim=2), k.repeat_interleave(v_per_k, dim=2)
+        captured.extend(
+            GdnKernelInputs(layer, q[i], k[i], v[i], beta[i], g[i]) for i in range(batch)
+        )
+    q = q.repeat_interleave(v_per_k, dim=2) * dim**-0.5
+    k = k.repeat_interleave(v_per_k, dim=2)
     out = _gated_delta_rule(q, k, v, beta, g).float()
     gated = _rms_norm(out, w[f"{prefix}.norm.weight"], offset=0.0) * F.silu(z.reshape(out.shape))
     return gated.flatten(2) @ w[f"{prefix}.out_proj.weight"].T
@@ -558,7 +564,6 @@ def build_tiny_model(
     tokenizer = train_tokenizer(texts, params.vocab_size)
     write_tokenizer_files(tokenizer, out_dir)
     _progress(f"constructing weights (seed {params.seed})")
-    torch.manual_seed(params.seed)
     weights = construct_weights(params, tokenizer)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out_dir / "config.json", hf_config(params))
