@@ -47,7 +47,7 @@ class LevelFault:
     level: int | None
     kind: str
     line: str
-    requests_in_flight: int = 0
+    failed_requests: str = ""  # ids of that side's requests that failed in that level
 
 
 @dataclass

@@ -105,6 +105,7 @@ class RunState:
     sequences: list[ForcedSequence] = field(default_factory=list)
     forced: dict[str, list[ForcedLogprobs]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
 
 
 def _counters(targets: dict[str, ServerTarget]) -> dict[str, tuple[float, float]]:
@@ -241,11 +242,18 @@ class Runner:
         for side in servers:
             self.state.records += results[side]
         for side, server in servers.items():
+            failed = [r.request_id for r in results[side] if r.error is not None]
+            affected = ",".join(failed[:20]) + (
+                f" (+{len(failed) - 20})" if len(failed) > 20 else ""
+            )
             for fault in scan_log(side, server.log_text(offsets[side])):
-                self.state.faults.append(LevelFault(side, level, fault.kind, fault.line, level))
+                self.state.faults.append(LevelFault(side, level, fault.kind, fault.line, affected))
+            self.state.peak_rss_mb[side] = max(
+                self.state.peak_rss_mb.get(side, 0.0), server.rss_bytes() / 2**20
+            )
             if server.exited() is not None:
                 self.state.faults.append(
-                    LevelFault(side, level, "server_died", f"exit code {server.exited()}", level)
+                    LevelFault(side, level, "server_died", f"exit code {server.exited()}", affected)
                 )
                 raise ServerError(
                     f"{side} server died during level C={level}; log {server.plan.log_path}:\n"
@@ -381,7 +389,8 @@ class Runner:
             run_id=self.run_id,
             run_dir=self.run_dir,
             scenario_name=scenario.name,
-            manifest=build_manifest(scenario, self.plan, self.model_path),
+            manifest=build_manifest(scenario, self.plan, self.model_path)
+            | {"server_peak_rss_mb": state.peak_rss_mb},
             records=state.records,
             pairs=pairs,
             drift=drift,

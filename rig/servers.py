@@ -263,6 +263,21 @@ class Server:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
+    def rss_bytes(self) -> int:
+        """Resident memory of the server's whole process group (API server, engine, worker)."""
+        if self.process is None:
+            return 0
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            # after the command: state ppid pgrp ...; rss (pages) is field 24 of the full line
+            if int(fields[2]) == self.process.pid:
+                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        return total
+
     def wait_ready(self, timeout_s: float) -> None:
         """Poll /health until it answers 200; fail with the log tail if the server dies first."""
         deadline = time.monotonic() + timeout_s
