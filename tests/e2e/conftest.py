@@ -58,7 +58,9 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="session")
 def run_rig(tmp_path_factory, tiny_model):
-    """Run `python -m rig.run` like a user; returns a RigRun."""
+    """Run `python -m rig.run` like a user; returns a RigRun. Runs share one golden cache, so
+    after the first run only the candidate's server starts (as for a user's second iteration)."""
+    cache = tmp_path_factory.mktemp("golden")
 
     def run(*args: str, scenario: str = "scenarios/smoke.yaml", name: str = "run") -> RigRun:
         results = tmp_path_factory.mktemp("results")
@@ -67,6 +69,8 @@ def run_rig(tmp_path_factory, tiny_model):
             "-m",
             "rig.run",
             scenario,
+            "--cache-dir",
+            str(cache),
             "--set",
             f"results_dir={results}",
             "--run-id",

@@ -83,17 +83,9 @@ def test_no_server_process_left_behind(smoke):
     assert rig_processes() == []
 
 
-def test_a_candidate_without_the_plugin_cannot_pass(run_rig):
+def test_a_candidate_without_the_plugin_cannot_pass(ns4_run, run_rig):
     """The candidate asks for ns4 but vLLM loads no plugin: the verdict must say so."""
-    result = run_rig(
-        "--set",
-        "candidate.env.VLLM_PLUGINS=",
-        "--set",
-        "workload.concurrency=[4]",
-        "--set",
-        "drift.enabled=false",
-        name="no-plugin",
-    )
+    result = run_rig("--set", "candidate.env.VLLM_PLUGINS=", name="no-plugin")
     assert result.returncode == 1
     verdict = result.manifest()["verdict"]
     assert verdict["word"] == "INVALID"
