@@ -103,6 +103,7 @@ class Timing:
     arrived: float  # stub
     read: float
     sent: list[float]
+    client_lag: float | None = None  # rig only: RequestRecord.client_lag_s
 
     def receipts(self) -> np.ndarray:
         return self.start + self.ttft + np.concatenate([[0.0], np.cumsum(self.itls)])
@@ -147,7 +148,10 @@ def rig_timings(stubs, level, count, tokens, isolation="process") -> list[Timing
         for r in results[side]:
             if r.error is not None:
                 raise RuntimeError(f"rig request failed: {r.error}")
-            timings.append(join(r.sent_monotonic, r.ttft_s, r.itl_s, log.get(r.request_id)))
+            timing = join(r.sent_monotonic, r.ttft_s, r.itl_s, log.get(r.request_id))
+            if timing is not None:
+                timing.client_lag = r.client_lag_s
+            timings.append(timing)
     return timings
 
 
@@ -259,7 +263,7 @@ def summarize(client: str, level: int, timings: list[Timing | None], ttft_s: flo
     itl_err = np.concatenate([np.array(t.itls) - np.diff(t.sent) for t in joined])
     delivery = np.concatenate([t.receipts() - np.array(t.sent) for t in joined])
     ttft_err = pre + post
-    return {
+    row = {
         "client": client,
         "C": level,
         "n": len(joined),
@@ -275,6 +279,10 @@ def summarize(client: str, level: int, timings: list[Timing | None], ttft_s: flo
         "itl_err_p99": _ms(np.percentile(np.abs(itl_err), 99)),
         "deliver_p99": _ms(np.percentile(delivery, 99)),
     }
+    lags = [t.client_lag for t in joined if t.client_lag is not None]
+    if lags:
+        row["client_lag_p99"] = _ms(np.percentile(lags, 99))
+    return row
 
 
 def _ms(seconds: float) -> float:

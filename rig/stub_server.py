@@ -124,7 +124,7 @@ class _Wire:
     def _read(self) -> None:
         while not self._eof:
             try:
-                data, stamp = recv_stamped(self.sock)
+                data, stamp, _ = recv_stamped(self.sock)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:

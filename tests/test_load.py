@@ -105,19 +105,21 @@ def test_a_chat_spec_needs_messages():
 
 def test_timings_are_bounded_by_what_the_stub_did():
     """Causality on one clock: the client sent before the stub saw the request and received
-    each token after the stub sent it, and not long after on an idle loopback."""
+    each token after the stub sent it, and not long after on an idle loopback. (Kernel stamps
+    come from the wall clock; moving them onto the monotonic one costs about a microsecond.)"""
     with serve_in_thread(FAST) as stub:
         records = one_side(stub, [spec(i) for i in range(6)])
         log = {entry.key: entry for entry in stub.log}
     for record in records:
         entry = log[record.request_id]
         receipts = record.sent_monotonic + record.ttft_s + np.cumsum([0.0, *record.itl_s])
-        assert record.sent_monotonic <= entry.arrived
+        assert record.sent_monotonic <= entry.arrived + 5e-5
         assert len(receipts) == len(entry.sent) == 5
-        assert np.all(receipts >= np.array(entry.sent) - 1e-4)
+        assert np.all(receipts >= np.array(entry.sent) - 5e-5)
         assert np.all(receipts <= np.array(entry.sent) + 0.5)
         assert record.e2el_s == pytest.approx(record.ttft_s + sum(record.itl_s))
         assert record.ttft_s >= FAST.ttft_s
+        assert 0 <= record.client_lag_s < 0.5
         assert abs(record.sent_at - time.time()) < 60
 
 
