@@ -135,6 +135,7 @@ def make_specs(side: str, level: int, count: int, tokens: int) -> list[RequestSp
 
 
 def rig_timings(stubs, level, count, tokens, isolation="process") -> list[Timing | None]:
+    """The rig's own client; "process" (a process per side) unless told "inline"."""
     for stub in stubs:
         stub.call("/stub/reset")
     jobs = [

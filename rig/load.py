@@ -5,11 +5,12 @@ read (see "HTTP/1.1 with kernel receive time stamps" below), so a busy client do
 the latencies it reports: against the paced stub its p99 TTFT error at C=200 on both sides is
 about 0.02 ms, where aiohttp's is 130 ms and httpx's seconds (benchmarks/README.md).
 
-Each side (reference, candidate, ...) is driven by its own spawned process with its own event
-loop. One loop keeps the time stamps exact up to ~17k token events/s (both sides at C=200 with
-a 20 ms inter-token gap), but a GPU server at C=200 can go faster than that, and apart each side
-gets a core and cannot delay the other's sends. The caller's main module must therefore be
-importable without side effects (spawn re-imports it): guard scripts with __name__ == "__main__".
+Where there are cores for it, each side (reference, candidate, ...) is driven by its own spawned
+process with its own event loop. One loop keeps the time stamps exact up to ~17k token events/s
+(both sides at C=200 with a 20 ms inter-token gap), but a GPU server at C=200 can go faster than
+that, and apart each side gets a core and cannot delay the other's sends. The caller's main
+module must therefore be importable without side effects (spawn re-imports it): guard scripts
+with `if __name__ == "__main__":`.
 
 Timing follows `vllm bench serve`, on the monotonic clock (`time.perf_counter`):
 TTFT = first SSE message with non-empty `choices` minus the send time, ITL = gaps between
@@ -27,6 +28,7 @@ import ipaddress
 import itertools
 import json
 import multiprocessing
+import os
 import queue
 import re
 import signal
@@ -781,9 +783,14 @@ def run_level(
     progress: bool = True,
     level_timeout_s: float | None = None,
     seed: int = 0,
-    isolation: Literal["process", "inline"] = "process",
+    isolation: Literal["auto", "process", "inline"] = "auto",
 ) -> dict[str, list[RequestRecord]]:
     """Drive every side at the same time; records come back per side in spec order.
+
+    `isolation`: "process" drives each side from its own spawned process, "inline" all sides
+    from one event loop in this process; "auto" takes processes when there are at least two
+    cores per side (one for the side, one for what it talks to), because processes that
+    outnumber the cores leave sockets unread for whole scheduler slices.
 
     `on_record` runs in the caller's process as each record completes (warm-up records
     included, flagged `warmup`). Ctrl-C cancels the requests in flight (their records get a
@@ -805,6 +812,8 @@ def run_level(
             bar.update(1)
 
     try:
+        if isolation == "auto":
+            isolation = "process" if _cores() >= 2 * len(jobs) else "inline"
         if isolation == "inline":
             _run_inline(jobs, concurrency, timeout_s, offsets, level_timeout_s, collect)
         else:
@@ -815,6 +824,13 @@ def run_level(
     return {
         job.target.side: [records[job.target.side][s.request_id] for s in job.specs] for job in jobs
     }
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _check_jobs(jobs: list[SideJob], concurrency: int) -> None:

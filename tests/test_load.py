@@ -306,7 +306,7 @@ def test_concurrency_must_be_positive():
 def test_inline_isolation_gives_the_same_records():
     with serve_in_thread(FAST) as stub:
         inline = one_side(stub, [spec(i) for i in range(3)], isolation="inline")
-        spawned = one_side(stub, [spec(i) for i in range(3)], side="candidate")
+        spawned = one_side(stub, [spec(i) for i in range(3)], side="b", isolation="process")
     assert [(r.text, r.token_ids, r.error) for r in inline] == [
         (r.text, r.token_ids, r.error) for r in spawned
     ]
@@ -328,18 +328,20 @@ _INTERRUPTED_RUN = textwrap.dedent(
         job = SideJob(ServerTarget("reference", sys.argv[1], "stub"), specs)
         emit = lambda record: print(json.dumps([record.request_id, record.error]), flush=True)
         try:
-            run_level([job], 4, timeout_s=60, on_record=emit, progress=False)
+            run_level([job], 4, timeout_s=60, on_record=emit, progress=False,
+                      isolation=sys.argv[2])
         except KeyboardInterrupt:
             print("INTERRUPTED", flush=True)
     """
 )
 
 
-def test_ctrl_c_cancels_in_flight_requests_and_stops_the_workers():
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+def test_ctrl_c_cancels_in_flight_requests_and_stops_the_workers(isolation):
     slow = StubConfig(ttft_s=0.05, itl_s=0.1, output_tokens=100)
     with serve_in_thread(slow) as stub:
         process = subprocess.Popen(
-            [sys.executable, "-c", _INTERRUPTED_RUN, stub.url],
+            [sys.executable, "-c", _INTERRUPTED_RUN, stub.url, isolation],
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
