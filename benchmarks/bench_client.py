@@ -134,8 +134,8 @@ def make_specs(side: str, level: int, count: int, tokens: int) -> list[RequestSp
     ]
 
 
-def rig_timings(stubs, level, count, tokens, isolation="process") -> list[Timing | None]:
-    """The rig's own client; "process" (a process per side) unless told "inline"."""
+def rig_timings(stubs, level, count, tokens, isolation="auto") -> list[Timing | None]:
+    """The rig's own client, with run_level's choice of processes unless told otherwise."""
     for stub in stubs:
         stub.call("/stub/reset")
     jobs = [
@@ -363,9 +363,10 @@ def main() -> None:
                 )
                 print(json.dumps(rows[-1]), flush=True)
                 if args.design:
-                    timings = rig_timings(stubs, level, count, args.tokens, isolation="inline")
-                    rows.append(summarize("rig one loop", level, timings, ttft_s))
-                    print(json.dumps(rows[-1]), flush=True)
+                    for isolation in ("process", "inline"):
+                        timings = rig_timings(stubs, level, count, args.tokens, isolation)
+                        rows.append(summarize(f"rig {isolation}", level, timings, ttft_s))
+                        print(json.dumps(rows[-1]), flush=True)
                     for library in ("aiohttp", "httpx"):
                         timings = library_timings(library, stubs, level, count, args.tokens)
                         rows.append(summarize(f"{library} one loop", level, timings, ttft_s))
