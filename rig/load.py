@@ -6,11 +6,12 @@ the latencies it reports: against the paced stub its p99 TTFT error at C=200 on 
 about 0.02 ms, where aiohttp's is 130 ms and httpx's seconds (benchmarks/README.md).
 
 Where there are cores for it, each side (reference, candidate, ...) is driven by its own spawned
-process with its own event loop. One loop keeps the time stamps exact up to ~17k token events/s
-(both sides at C=200 with a 20 ms inter-token gap), but a GPU server at C=200 can go faster than
-that, and apart each side gets a core and cannot delay the other's sends. The caller's main
-module must therefore be importable without side effects (spawn re-imports it): guard scripts
-with `if __name__ == "__main__":`.
+process with its own event loop. One loop on one core keeps the time stamps exact up to ~23k
+token events/s; two sides at C=200 with a 20 ms inter-token gap already send 20k, and a GPU
+server can go faster. Apart, each side gets a core and cannot delay the other's sends; with
+fewer than two cores per side one loop does better (`run_level(isolation=...)`). The caller's
+main module must be importable without side effects (spawn re-imports it): guard scripts with
+`if __name__ == "__main__":`.
 
 Timing follows `vllm bench serve`, on the monotonic clock (`time.perf_counter`):
 TTFT = first SSE message with non-empty `choices` minus the send time, ITL = gaps between
