@@ -203,6 +203,10 @@ class _MalformedStream(Exception):
     """The server broke the SSE / JSON protocol; the request fails as malformed_sse."""
 
 
+# What a response that breaks the protocol raises while it is parsed.
+_PROTOCOL_ERRORS = (_MalformedStream, KeyError, TypeError, ValueError, AttributeError)
+
+
 class _StreamAccumulator:
     """Folds the SSE messages of one response into a RequestRecord."""
 
@@ -225,10 +229,13 @@ class _StreamAccumulator:
             self._event(event, received)
 
     def finish(self) -> None:
-        rest = self.buffer.strip()
+        """Fill the record in; safe to call again (it is, on every exit of send_request)."""
+        rest, self.buffer = self.buffer.strip(), b""
         if rest:  # a last event without its blank line
-            self.buffer = b""
-            self._event(rest, self.token_times[-1] if self.token_times else self.start)
+            try:
+                self._event(rest, self.token_times[-1] if self.token_times else self.start)
+            except _PROTOCOL_ERRORS as exc:
+                self._problem(f"malformed_sse: {type(exc).__name__}: {exc}")
         record = self.record
         record.text = "".join(self.text_parts)
         record.token_ids = self.token_ids if self.saw_token_ids else None
@@ -645,6 +652,8 @@ async def send_request(
                 finally:
                     pool.release(connection)
                 break
+        stream.start = response.sent_at  # type: ignore[assignment]  (set: it was sent)
+        stream.finish()
         if response.status != 200:
             text = bytes(error_body).decode("utf-8", errors="replace")
             record.error = f"http_{response.status}: {text}"
@@ -656,7 +665,7 @@ async def send_request(
         record.error = f"timeout: no complete response within {timeout_s} s"
     except OSError as exc:
         record.error = f"connection: {type(exc).__name__}: {exc}"
-    except (_MalformedStream, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except _PROTOCOL_ERRORS as exc:
         record.error = f"malformed_sse: {type(exc).__name__}: {exc}"
     except asyncio.CancelledError as exc:
         record.error = "cancelled: the run was interrupted"

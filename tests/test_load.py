@@ -20,7 +20,9 @@ from rig.load import (
     ServerTarget,
     SideJob,
     TokenLogprob,
+    _empty_record,
     _HttpResponse,
+    _StreamAccumulator,
     arrival_offsets,
     parse_prefix_cache_counters,
     read_prefix_cache_counters,
@@ -153,6 +155,32 @@ def test_records_round_trip_through_json():
     assert "\n" not in line
     again = RequestRecord.from_json(line)
     assert again == record and isinstance(again.logprobs[0], TokenLogprob)
+
+
+def _accumulate(*pieces: bytes) -> tuple[RequestRecord, _StreamAccumulator]:
+    record = _empty_record("reference", spec(0))
+    stream = _StreamAccumulator(record, 0.0, False)
+    for at, piece in enumerate(pieces, start=1):
+        stream.feed(piece, float(at))
+    stream.finish()
+    return record, stream
+
+
+def test_sse_parsing_across_reads_comments_and_a_last_event_without_its_blank_line():
+    record, stream = _accumulate(
+        b': ping\n\ndata: {"choices": [{"text": "a", "token_ids": [1]}]}\n',
+        b'\ndata: {"choices": [{"text": "b", "token_ids": [2], "finish_reason": "stop"}]}',
+    )
+    assert (record.text, record.token_ids, record.finish_reason) == ("ab", [1, 2], "stop")
+    assert record.ttft_s == 2.0 and record.itl_s == [0.0]  # both complete in the second read
+    assert stream.problem is None and not stream.done
+
+
+def test_an_error_event_in_the_stream_and_a_garbage_tail_are_problems_not_exceptions():
+    _, stream = _accumulate(b'data: {"error": {"message": "boom", "code": 500}}\n\n')
+    assert stream.problem == "http_500: error event in the stream: boom"
+    _, stream = _accumulate(b"data: [1, 2]")
+    assert stream.problem.startswith("malformed_sse:")
 
 
 # -- faults ----------------------------------------------------------------------------------------
