@@ -125,6 +125,9 @@ class GatesConfig(_Strict):
     allow_near_ties_beyond_aa: int = Field(-1, description="-1: any number of near-ties is fine")
     max_mean_drift: float | None = Field(0.1, ge=0)
     max_request_drift: float | None = Field(None, ge=0)
+    max_mean_prompt_drift: float | None = Field(
+        None, ge=0, description="mean |Δlogprob| over the forced prompt positions"
+    )
     max_pathologies: int = Field(0, ge=0)
     max_prefix_cache_hits: int = Field(0, ge=0)
     max_perf_regression_pct: float | None = None

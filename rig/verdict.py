@@ -48,6 +48,7 @@ class Counts:
     drift_mean: float
     drift_max: float
     drift_errors: int
+    prompt_drift_mean: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ def count(
         drift_mean=(sum(d.mean_abs for d in measured) / len(measured)) if measured else math.nan,
         drift_max=max((d.max_abs for d in measured), default=math.nan),
         drift_errors=len(drift) - len(measured),
+        prompt_drift_mean=(
+            sum(d.prompt_mean_abs for d in measured) / len(measured) if measured else math.nan
+        ),
     )
 
 
@@ -162,6 +166,10 @@ def decide(
         if g.max_request_drift is not None:
             drift_ok = drift_ok and counts.drift_max <= g.max_request_drift
             detail += f" (max allowed {g.max_request_drift})"
+        detail += f"; prompt positions mean {counts.prompt_drift_mean:.4f}"
+        if g.max_mean_prompt_drift is not None:
+            drift_ok = drift_ok and counts.prompt_drift_mean <= g.max_mean_prompt_drift
+            detail += f" (allowed {g.max_mean_prompt_drift})"
         if counts.drift_errors:
             detail += f"; {counts.drift_errors} replays failed"
         gates.append(Gate("teacher-forced drift", drift_ok, detail))
