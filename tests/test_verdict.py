@@ -331,7 +331,7 @@ def test_nothing_compared_is_invalid():
 
 
 def test_prompt_position_drift_gate():
-    """Drift over the forced prompt positions shows kernel error that wide completion margins hide."""
+    """Forced prompt positions show kernel error that wide completion margins hide."""
     noisy = DriftResult("p", 8, 0.0, 0.0, 0.0, 2.0, 0.6, 0)
     gates = GatesConfig(max_mean_prompt_drift=0.25)
     result = verdict(identical(1), [noisy], gates=gates)
