@@ -243,21 +243,15 @@ def install_cuda(spec: KernelSpec | None) -> type:
                 )
                 capture.save(layer, inputs)
 
-        def forward_reference_counted(self, q, k, v, g, beta, initial_state, *args, **kwargs):
-            call = inspect.signature(self.forward_native).bind(
-                q, k, v, g, beta, initial_state, *args, **kwargs
-            )
-            self._capture(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                initial_state,
-                call.arguments.get("cu_seqlens"),
-                call.arguments.get("use_qk_l2norm_in_kernel", True),
-            )
-            result = self.rig_reference_forward(q, k, v, g, beta, initial_state, *args, **kwargs)
+        def forward_reference_counted(self, *args, **kwargs):
+            if capture is not None:
+                call = inspect.signature(self.forward_native).bind(*args, **kwargs).arguments
+                self._capture(
+                    *(call[name] for name in ("q", "k", "v", "g", "beta", "initial_state")),
+                    call.get("cu_seqlens"),
+                    call.get("use_qk_l2norm_in_kernel", True),
+                )
+            result = self.rig_reference_forward(*args, **kwargs)
             self.rig_counter.record()
             return result
 

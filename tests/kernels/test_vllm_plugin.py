@@ -101,6 +101,18 @@ def test_reference_cpu_op_is_counted_without_numerical_change(plugin_env):
     assert counter.calls == 1
 
 
+class FakeGdnLayer:
+    """Stands in for QwenGatedDeltaNetAttention._forward_core(self, ...), the op's caller."""
+
+    prefix = "model.layers.2.linear_attn"
+
+    def forward_core(self, op, args):
+        return op(*args, use_qk_l2norm_in_kernel=True)
+
+    def call_with_keywords(self, op, arguments):
+        return op(**arguments)
+
+
 @pytest.fixture
 def cuda_op_class(monkeypatch):
     """vLLM's GDN prefill CustomOp, constructible here: backend resolution pinned to
@@ -140,7 +152,7 @@ def test_cuda_path_candidate_replaces_the_forward(plugin_env, cuda_op_class):
         True,
         inputs.cu_seqlens,
     ]
-    out, final = op(*args, use_qk_l2norm_in_kernel=True)
+    out, final = FakeGdnLayer().forward_core(op, args)
     q, k, v, g, beta, initial_state, output_final_state, cu_seqlens = args
     expected_out, expected_final = chunk_gated_delta_rule(
         q, k, v, g, beta, initial_state=initial_state, output_final_state=output_final_state,
@@ -150,6 +162,10 @@ def test_cuda_path_candidate_replaces_the_forward(plugin_env, cuda_op_class):
     assert op.rig_counter.calls == 1
     (stats,) = read_stats(plugin_env / "stats")
     assert stats.kernel == "ns4" and stats.calls == 1
+    (path,) = list_captures(plugin_env / "capture")
+    capture = load_capture(path)
+    assert capture.meta.layer == FakeGdnLayer.prefix
+    assert torch.equal(capture.inputs.initial_state, inputs.initial_state)  # back to K-first
 
 
 def test_cuda_path_reference_keeps_vllms_forward_and_counts(plugin_env, cuda_op_class, capsys):
@@ -159,6 +175,22 @@ def test_cuda_path_reference_keeps_vllms_forward_and_counts(plugin_env, cuda_op_
     assert op.rig_reference_forward.__func__.__name__ == "forward_native"
     assert op.rig_counter.kernel == "vllm-triton"
     assert "[rig-gdn] kernel=vllm-triton" in capsys.readouterr().err
+
+    # FLA's Triton kernels cannot run here: a stand-in receives the call, which is then
+    # counted and captured like vLLM's own would be.
+    seen = []
+    op.rig_reference_forward = lambda *args, **kwargs: seen.append(kwargs) or ("out", None)
+    inputs = random_inputs([20], CPU_SHAPE, torch.bfloat16, seed=4)
+    arguments = dict(
+        q=inputs.q[None], k=inputs.k[None], v=inputs.v[None], g=inputs.g[None],
+        beta=inputs.beta[None], initial_state=inputs.initial_state.transpose(-1, -2),
+        output_final_state=True, cu_seqlens=inputs.cu_seqlens, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    assert FakeGdnLayer().call_with_keywords(op, arguments) == ("out", None)
+    assert seen == [arguments] and op.rig_counter.calls == 1
+    (path,) = list_captures(plugin_env / "capture")
+    assert load_capture(path).meta.layer == FakeGdnLayer.prefix
+    assert torch.equal(load_capture(path).inputs.v, inputs.v)
 
 
 def free_port() -> int:
