@@ -203,7 +203,8 @@ def start_server(model: Path, log: Path, env: dict[str, str]) -> tuple[subproces
     port = free_port()
     argv = [sys.executable, "-m", "rig.vllm_entry", "serve", str(model), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--enforce-eager", "--max-model-len", "4096"]
-    full_env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"} | env
+    # TMPDIR: vLLM leaves IPC and vllm_dist_* files in the temp folder; keep them in tmp_path.
+    full_env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(log.parent)} | env
     with log.open("wb") as handle:
         process = subprocess.Popen(
             argv, stdout=handle, stderr=subprocess.STDOUT, env=full_env, cwd=REPO,
