@@ -159,7 +159,11 @@ def rig_timings(stubs, level, count, tokens, isolation="auto") -> list[Timing | 
 def vllm_bench_timings(stubs, level, count, tokens, tokenizer: Path) -> list[Timing | None]:
     """Both `vllm bench serve` processes are held at their start-up probe request until both
     have imported vLLM, then released together."""
-    out = Path(tempfile.mkdtemp(prefix="bench-client-"))
+    with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:
+        return _vllm_bench_in(Path(tmp), stubs, level, count, tokens, tokenizer)
+
+
+def _vllm_bench_in(out: Path, stubs, level, count, tokens, tokenizer) -> list[Timing | None]:
     processes = []
     for side, stub in zip(SIDES, stubs, strict=True):
         stub.call("/stub/reset")
@@ -187,7 +191,8 @@ def vllm_bench_timings(stubs, level, count, tokens, tokenizer: Path) -> list[Tim
         process.wait(timeout=600)
         log_file.close()
         if process.returncode != 0:
-            raise RuntimeError(f"vllm bench serve failed, see {log_file.name}")
+            tail = Path(log_file.name).read_text()[-3000:]
+            raise RuntimeError(f"vllm bench serve failed:\n{tail}")
     timings = []
     for side, stub in zip(SIDES, stubs, strict=True):
         result = json.loads((out / f"{side}.json").read_text())
