@@ -41,9 +41,20 @@ class Hardware:
     gpu_count: int
     cpu_ids: tuple[int, ...]
 
+    memory_gib: float = 0.0
+
     @classmethod
     def detect(cls) -> Hardware:
-        return cls(gpu_count=_count_gpus(), cpu_ids=tuple(sorted(os.sched_getaffinity(0))))
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return cls(
+            gpu_count=_count_gpus(),
+            cpu_ids=tuple(sorted(os.sched_getaffinity(0))),
+            memory_gib=pages / 2**30,
+        )
+
+    def kv_cache_gib(self, servers: int) -> int:
+        """A CPU server's KV cache: a third of the memory shared by the servers, 1..32 GiB."""
+        return max(1, min(32, int(self.memory_gib / 3 / max(servers, 1))))
 
 
 def _count_gpus() -> int:
@@ -162,6 +173,9 @@ def plan_servers(
         env[STATS_ENV] = str(stats_dir.resolve())
         if config.kernel is not None:
             env[KERNEL_ENV] = config.kernel
+        if hardware.gpu_count == 0 and side in launched:
+            # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(len(launched))))
         if side in launched and placement is not None:
             index = launched.index(side)
             key = "CUDA_VISIBLE_DEVICES" if hardware.gpu_count > 0 else "VLLM_CPU_OMP_THREADS_BIND"
@@ -285,8 +299,8 @@ class Server:
             code = self.exited()
             if code is not None:
                 raise ServerError(
-                    f"{self.plan.side} server exited with code {code} before it was ready; "
-                    f"log {self.plan.log_path}:\n{self.log_tail()}"
+                    f"{self.plan.side} server exited with code {code} before it was ready"
+                    f"{root_cause(self.log_text())}; log {self.plan.log_path}:\n{self.log_tail()}"
                 )
             if self.healthy():
                 return
@@ -322,6 +336,19 @@ class Server:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+
+
+_ERROR_LINE = re.compile(r"(?:^|\] )(\w+(?:Error|Exception)): (.+)")
+_WRAPPER_ERRORS = ("Engine core initialization failed", "WorkerProc failed")
+
+
+def root_cause(log: str) -> str:
+    """': <the first exception message in the log>', skipping vLLM's wrapper errors."""
+    for line in log.splitlines():
+        found = _ERROR_LINE.search(line)
+        if found and not any(wrapper in line for wrapper in _WRAPPER_ERRORS):
+            return f": {found.group(1)}: {found.group(2)[:300]}"
+    return ""
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

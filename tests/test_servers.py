@@ -17,6 +17,7 @@ from rig.servers import (
     ServerSet,
     ensure_port_free,
     plan_servers,
+    root_cause,
     scan_log,
 )
 
@@ -150,3 +151,23 @@ def test_scan_log_finds_faults():
     kinds = [fault.kind for fault in scan_log("candidate", text)]
     assert kinds == ["cuda_error", "traceback"]
     assert scan_log("reference", "INFO all fine\n") == []
+
+
+def test_root_cause_names_the_first_real_exception():
+    log = (
+        "WARNING ulimit ... `OSError: [Errno 24] Too many open files`. Consider ...\n"
+        "(VllmWorker-0 pid=4) ERROR [x.py:9] ValueError: Available memory on node 0 is low\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    assert root_cause(log) == ": ValueError: Available memory on node 0 is low"
+    assert root_cause("INFO all good\n") == ""
+
+
+def test_cpu_servers_get_a_bounded_kv_cache(tmp_path):
+    hardware = Hardware(gpu_count=0, cpu_ids=(0, 1), memory_gib=24.0)
+    plan = plan_servers(scenario(), "/m", tmp_path, hardware)
+    assert plan.servers["reference"].env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert plan.servers["candidate"].env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    explicit = scenario(model={"name": "x", "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+    plan = plan_servers(explicit, "/m", tmp_path, hardware)
+    assert plan.servers["candidate"].env["VLLM_CPU_KVCACHE_SPACE"] == "1"
