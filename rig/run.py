@@ -317,11 +317,17 @@ class Runner:
 
     def store_golden(self) -> None:
         """Keep this run's reference results for the next candidate iteration."""
-        if self.cache is None or self.golden is not None or "reference" not in self.kernels():
-            return
+        reference = [r for r in self.state.records if r.side == "reference"]
+        if (
+            self.cache is None
+            or self.golden is not None
+            or "reference" not in self.kernels()
+            or any(r.error is not None for r in reference)
+        ):
+            return  # only complete, clean reference results are worth reusing
         entry = GoldenEntry(
             source_run=self.run_id,
-            records=[r for r in self.state.records if r.side == "reference"],
+            records=reference,
             sequences=self.state.sequences,
             forced=self.state.forced.get("reference", []),
             kernel=self.kernels()["reference"],
