@@ -238,6 +238,8 @@ class Runner:
             request_rate=workload.request_rate,
             burstiness=workload.burstiness,
             on_record=self.sink,
+            level_timeout_s=workload.level_timeout_s,
+            seed=workload.seed,
         )
         for side in servers:
             self.state.records += results[side]

@@ -98,6 +98,7 @@ class WorkloadConfig(_Strict):
     request_rate: float | None = Field(None, gt=0)
     burstiness: float = Field(1.0, gt=0)
     timeout_s: float = Field(600.0, gt=0)
+    level_timeout_s: float | None = Field(None, gt=0, description="deadline for a whole level")
     top_logprobs: int = Field(5, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
