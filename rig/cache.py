@@ -69,7 +69,8 @@ def golden_key(
         "env": {k: v for k, v in sorted(reference.env.items()) if k not in RUN_SPECIFIC_ENV},
         "prompts": [[p.id, p.text, p.messages_as_dicts()] for p in prompts],
         "workload": workload.model_dump(
-            mode="json", exclude={"prompts", "timeout_s", "request_rate", "burstiness"}
+            mode="json",
+            exclude={"prompts", "timeout_s", "level_timeout_s", "request_rate", "burstiness"},
         ),
         "drift": scenario.drift.model_dump(mode="json"),
     }
