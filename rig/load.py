@@ -556,6 +556,9 @@ class _Connection:
         self.sock.close()
 
 
+IDLE_REUSE_S = 2.0  # reuse a keep-alive connection only if it went idle this recently
+
+
 class ConnectionPool:
     """Keep-alive connections to one server, at most as many as requests in flight."""
 
@@ -571,12 +574,15 @@ class ConnectionPool:
         self.host_header = url.netloc
         self.path_prefix = url.path.rstrip("/")
         self._address: tuple | None = None
-        self._idle: list[_Connection] = []
+        self._idle: list[tuple[_Connection, float]] = []  # with the time it went idle
 
-    async def acquire(self) -> tuple[_Connection, bool]:
+    async def acquire(self, fresh: bool = False) -> tuple[_Connection, bool]:
         """A connection and whether it was reused (then the server may have closed it)."""
-        if self._idle:
-            return self._idle.pop(), True
+        while self._idle and not fresh:
+            connection, released_at = self._idle.pop()
+            if time.monotonic() - released_at < IDLE_REUSE_S:
+                return connection, True
+            connection.close()  # the server has likely closed it (uvicorn: 5 s keep-alive)
         if self._address is None:
             try:
                 ipaddress.ip_address(self.host)
@@ -590,13 +596,13 @@ class ConnectionPool:
 
     def release(self, connection: _Connection) -> None:
         if connection.reusable:
-            self._idle.append(connection)
+            self._idle.append((connection, time.monotonic()))
         else:
             connection.close()
 
     def close(self) -> None:
         while self._idle:
-            self._idle.pop().close()
+            self._idle.pop()[0].close()
 
 
 def _http_request(pool: ConnectionPool, target: ServerTarget, spec: RequestSpec) -> bytes:
@@ -641,13 +647,16 @@ async def send_request(
         async with asyncio.timeout(timeout_s):
             for attempt in (1, 2):
                 response = _HttpResponse(on_body)
-                connection, reused = await pool.acquire()
+                connection, reused = await pool.acquire(fresh=attempt > 1)
                 try:
                     record.sent_at = time.time()
                     await connection.exchange(request, response)
                 except OSError:
                     if reused and not response.received_any and attempt == 1:
-                        continue  # the server had closed this idle keep-alive connection
+                        # The server had closed this idle keep-alive connection; the others
+                        # idle since the same moment are likely closed too: retry on a new one.
+                        pool.close()
+                        continue
                     raise
                 finally:
                     pool.release(connection)

@@ -463,3 +463,34 @@ def test_counters_read_from_the_stub_show_a_repeated_unsalted_prompt():
         after = asyncio.run(read_prefix_cache_counters(stub.url))
     assert (before.queries, before.hits) == (0.0, 0.0)
     assert after.queries == 6.0 and after.hits == 3.0  # same salt and prompt: a hit
+
+
+def test_pool_does_not_reuse_connections_idle_past_keep_alive(monkeypatch):
+    """A keep-alive connection idle for longer than servers keep it open is not reused."""
+    import asyncio
+    import socket
+
+    from rig import load
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    pool = load.ConnectionPool(f"http://127.0.0.1:{listener.getsockname()[1]}")
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        first, _ = await pool.acquire()
+        pool.release(first)
+        _, reused_recent = await pool.acquire()
+        pool.release(_)
+        monkeypatch.setattr(load, "IDLE_REUSE_S", 0.0)
+        _, reused_stale = await pool.acquire()
+        pool.release(_)
+        monkeypatch.setattr(load, "IDLE_REUSE_S", 60.0)
+        _, reused_fresh = await pool.acquire(fresh=True)
+        return reused_recent, reused_stale, reused_fresh
+
+    try:
+        assert asyncio.run(scenario()) == (True, False, False)
+    finally:
+        pool.close()
+        listener.close()
