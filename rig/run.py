@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from rig.cache import GoldenCache, GoldenEntry, golden_key
@@ -44,7 +45,7 @@ from rig.prompts import Prompt, PromptFileError
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
 from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, plan_servers, scan_log
-from rig.verdict import SideKernel, decide
+from rig.verdict import Gate, SideKernel, Verdict, decide
 from rig.workload import WorkloadError, level_requests, resolve_prompts, tokenize_body
 
 EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
@@ -323,7 +324,7 @@ class Runner:
         if (
             self.cache is None
             or self.golden is not None
-            or "reference" not in self.kernels()
+            or "reference" not in self.side_kernels
             or any(r.error is not None for r in reference)
         ):
             return  # only complete, clean reference results are worth reusing
@@ -332,13 +333,15 @@ class Runner:
             records=reference,
             sequences=self.state.sequences,
             forced=self.state.forced.get("reference", []),
-            kernel=self.kernels()["reference"],
+            kernel=self.side_kernels["reference"],
             timings=dict(self.state.timings),
         )
         folder = self.cache.store(self.golden_key, self.golden_fields, entry)
         print(f"rig: reference results stored in the golden cache: {folder}", flush=True)
 
-    def kernels(self) -> dict[str, SideKernel]:
+    @cached_property
+    def side_kernels(self) -> dict[str, SideKernel]:
+        """Which kernel each side ran; read once, after the servers have stopped."""
         proofs = {}
         if self.golden is not None:
             proofs["reference"] = self.golden.kernel
@@ -376,7 +379,7 @@ class Runner:
             )
             aa_drift = self._drift(AA_SIDE)
         hits = sum(p.hits for p in state.prefix_cache)
-        kernels = self.kernels()
+        kernels = self.side_kernels
         summary = summary_frame(state.records, pairs)
         verdict = decide(
             scenario.gates,
@@ -419,9 +422,8 @@ class Runner:
         return drift_results(self.state.sequences, forced["reference"], forced[side])
 
 
-def _failed(verdict, error: str):
-    from rig.verdict import Gate, Verdict
-
+def _failed(verdict: Verdict, error: str) -> Verdict:
+    """The verdict of a run that did not complete: it cannot pass."""
     gates = (*verdict.gates, Gate("run completed", False, error.splitlines()[0]))
     return Verdict(
         "NOT equivalent" if verdict.word != "INVALID" else verdict.word,
