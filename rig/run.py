@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -50,6 +50,7 @@ from rig.workload import WorkloadError, level_requests, resolve_prompts, tokeniz
 
 EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
 AA_SIDE = "reference-aa"
+PREFIX_CACHE_FILE = "prefix_cache.jsonl"
 
 
 class ModelError(ValueError):
@@ -127,6 +128,7 @@ class Runner:
         run_dir: Path,
         model_path: str,
         cache: GoldenCache | None,
+        resume: bool = False,
     ) -> None:
         self.scenario = scenario
         self.run_id = run_id
@@ -136,6 +138,10 @@ class Runner:
         self.prompts_by_id: dict[str, Prompt] = {p.id: p for p in self.prompts}
         self.state = RunState()
         self.plan: LaunchPlan = plan_servers(scenario, model_path, run_dir, Hardware.detect())
+        self.done_levels: set[tuple[int, int]] = set()
+        if resume:
+            self.resume_from_disk()
+            cache = None  # the interrupted run's own reference results are what count
         self.sink = RecordSink(run_dir / "requests.jsonl")
         self.cache = cache
         self.golden_key, self.golden_fields = golden_key(
@@ -151,6 +157,43 @@ class Runner:
             self.golden = cache.load(self.golden_key)
         if self.golden is not None:
             self.use_golden(self.golden)
+
+    def resume_from_disk(self) -> None:
+        """Keep the levels an interrupted run finished on every side; the others run again."""
+        expected = self.scenario.workload.requests_per_level or len(self.prompts)
+        records_path = self.run_dir / "requests.jsonl"
+        records = []
+        if records_path.exists():
+            with open(records_path, encoding="utf-8") as handle:
+                records = [RequestRecord.from_json(line) for line in handle if line.strip()]
+        groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
+        for record in records:
+            groups.setdefault((record.side, record.level, record.repeat), []).append(record)
+        complete = {
+            key
+            for key, group in groups.items()
+            if len(group) == expected
+            and not any((r.error or "").startswith("cancelled") for r in group)
+        }
+        self.done_levels = {
+            (level, repeat)
+            for (_, level, repeat) in complete
+            if all((side, level, repeat) in complete for side in SIDES)
+        }
+        kept = [r for r in records if (r.level, r.repeat) in self.done_levels]
+        with open(records_path, "w", encoding="utf-8", errors="backslashreplace") as handle:
+            handle.writelines(record.to_json() + "\n" for record in kept)
+        self.state.records = kept
+        prefix_path = self.run_dir / PREFIX_CACHE_FILE
+        if prefix_path.exists():
+            lines = prefix_path.read_text(encoding="utf-8").splitlines()
+            deltas = [PrefixCacheDelta(**json.loads(line)) for line in lines if line]
+            self.state.prefix_cache = [d for d in deltas if (d.level, d.repeat) in self.done_levels]
+        print(
+            f"rig: resuming: {len(self.done_levels)} finished level(s) kept "
+            f"({len(kept)} records), the rest run again",
+            flush=True,
+        )
 
     def use_golden(self, golden: GoldenEntry) -> None:
         """Take the reference side from the cache: only the candidate's server starts."""
@@ -210,7 +253,8 @@ class Runner:
             run_level(warmup, min(workload.concurrency), timeout_s=workload.timeout_s)
         for level in workload.concurrency:
             for repeat in range(workload.repeats):
-                self.run_one_level(servers, targets, level, repeat)
+                if (level, repeat) not in self.done_levels:
+                    self.run_one_level(servers, targets, level, repeat)
 
     def run_one_level(
         self, servers: dict[str, Server], targets: dict[str, ServerTarget], level: int, repeat: int
@@ -264,7 +308,7 @@ class Runner:
                 )
         after = _counters(targets)
         for side in servers:
-            self.state.prefix_cache.append(
+            self.record_prefix_cache(
                 PrefixCacheDelta(
                     side,
                     level,
@@ -273,6 +317,11 @@ class Runner:
                     hits=after[side][1] - before[side][1],
                 )
             )
+
+    def record_prefix_cache(self, delta: PrefixCacheDelta) -> None:
+        self.state.prefix_cache.append(delta)
+        with open(self.run_dir / PREFIX_CACHE_FILE, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(asdict(delta)) + "\n")
 
     def run_drift(self, servers: dict[str, Server]) -> None:
         if not self.scenario.drift.enabled:
@@ -530,6 +579,18 @@ def _cost_comparison(first: dict[str, float], now: dict[str, float]) -> str:
     )
 
 
+def _check_resumable(run_dir: Path, scenario: Scenario) -> None:
+    """Resume only the same scenario: mixing results of two scenarios would mean nothing."""
+    stored = run_dir / "scenario.resolved.json"
+    if not stored.exists():
+        raise ScenarioError(f"--resume: {run_dir} holds no interrupted run (no {stored.name})")
+    before = json.loads(stored.read_text())
+    now = json.loads(scenario.model_dump_json())
+    if before != now:
+        changed = sorted(k for k in now if before.get(k) != now.get(k))
+        raise ScenarioError(f"--resume: the scenario differs from the interrupted run's: {changed}")
+
+
 def _raise_interrupt(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -546,6 +607,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="override a scenario key (dotted path), e.g. --set workload.max_tokens=32",
     )
     parser.add_argument("--run-id", help="name of the results folder (default: time + scenario)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run named by --run-id: finished levels are kept",
+    )
     parser.add_argument(
         "--no-cache",
         action="store_true",
@@ -571,13 +637,19 @@ def main(argv: list[str] | None = None) -> int:
             args.run_id or scenario.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{scenario.name}"
         )
         run_dir = scenario.results_dir / run_id
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise ScenarioError(f"results folder {run_dir} already exists and is not empty")
+        if args.resume:
+            if not (args.run_id or scenario.run_id):
+                raise ScenarioError("--resume needs --run-id naming the interrupted run")
+            _check_resumable(run_dir, scenario)
+        elif run_dir.exists() and any(run_dir.iterdir()):
+            raise ScenarioError(
+                f"results folder {run_dir} already exists and is not empty (--resume continues it)"
+            )
         resolve_prompts(scenario.workload)
         model_path = resolve_model(scenario)
         run_dir.mkdir(parents=True, exist_ok=True)
         cache = None if args.no_cache else GoldenCache(args.cache_dir)
-        runner = Runner(scenario, run_id, run_dir, model_path, cache)
+        runner = Runner(scenario, run_id, run_dir, model_path, cache, resume=args.resume)
     except (ScenarioError, PromptFileError, WorkloadError, ModelError, ServerError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

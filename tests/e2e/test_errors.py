@@ -56,12 +56,19 @@ def test_port_in_use(tmp_path, tiny_model):
     assert rig_processes() == []
 
 
-def test_sigterm_stops_servers_and_keeps_results(tmp_path, tiny_model):
+def _line_count(path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines()) if path.exists() else 0
+
+
+def test_sigterm_stops_servers_keeps_results_and_resume_finishes(tmp_path, tiny_model):
+    """SIGTERM during the second level: servers stop, the first level's records stay on disk;
+    --resume keeps that level as it was and runs the rest."""
     argv = [
         sys.executable,
         "-m",
         "rig.run",
         "scenarios/smoke.yaml",
+        "--no-cache",
         "--set",
         f"results_dir={tmp_path}",
         "--run-id",
@@ -76,17 +83,30 @@ def test_sigterm_stops_servers_and_keeps_results(tmp_path, tiny_model):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     records = tmp_path / "interrupted" / "requests.jsonl"
-    deadline = time.monotonic() + 300
+    first_level = 2 * 18  # both sides, 18 prompts at C=1
+    deadline = time.monotonic() + 400
     while time.monotonic() < deadline and process.poll() is None:
-        if records.exists() and records.stat().st_size > 0:
+        if _line_count(records) > first_level:
             break
-        time.sleep(0.5)
-    assert process.poll() is None, "the run ended before any request completed"
+        time.sleep(0.2)
+    assert process.poll() is None, "the run ended before the second level started"
     assert rig_processes(), "servers should be running mid-run"
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 2
     assert "interrupted" in stderr
-    assert records.stat().st_size > 0
     assert (tmp_path / "interrupted" / "summary.md").exists()
+    assert rig_processes() == []
+    lines = records.read_text(encoding="utf-8").splitlines()
+    kept = sorted(line for line in lines if '"level": 1,' in line)
+    assert len(kept) == first_level
+
+    resumed = subprocess.run(
+        [*argv, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "1 finished level(s) kept" in resumed.stdout
+    lines = records.read_text(encoding="utf-8").splitlines()
+    assert sorted(line for line in lines if '"level": 1,' in line) == kept
+    assert len(lines) == 2 * first_level
     assert rig_processes() == []
