@@ -26,6 +26,17 @@ from rig.metrics import delta_frame, request_frame, summary_frame
 from rig.verdict import SideKernel, Verdict
 
 MISMATCHES_SHOWN = 20
+REPORT_FILES = (
+    "requests.csv",
+    "summary.csv",
+    "deltas.csv",
+    "mismatches.csv",
+    "drift.csv",
+    "summary.md",
+    "report.html",
+    "junit.xml",
+    "manifest.json",
+)
 
 
 @dataclass(frozen=True)
@@ -385,17 +396,7 @@ def write_report(outcome: RunOutcome) -> dict[str, Path]:
     table = seeds_table(summary, deltas)
     drift = drift_frame(outcome.drift)
     mismatches = pd.DataFrame([p.as_row() for p in outcome.pairs if not p.identical])
-    paths = {
-        "requests.csv": out / "requests.csv",
-        "summary.csv": out / "summary.csv",
-        "deltas.csv": out / "deltas.csv",
-        "mismatches.csv": out / "mismatches.csv",
-        "drift.csv": out / "drift.csv",
-        "summary.md": out / "summary.md",
-        "report.html": out / "report.html",
-        "junit.xml": out / "junit.xml",
-        "manifest.json": out / "manifest.json",
-    }
+    paths = {name: out / name for name in REPORT_FILES}
     requests.to_csv(paths["requests.csv"], index=False)
     summary.to_csv(paths["summary.csv"], index=False)
     deltas.to_csv(paths["deltas.csv"], index=False)

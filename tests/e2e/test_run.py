@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from rig.report import REPORT_FILES
+
 from .conftest import rig_processes
 
 
@@ -19,16 +21,8 @@ def smoke(ns4_run):
 def test_ns4_run_passes_and_writes_every_report(smoke):
     assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
     for name in (
+        *REPORT_FILES,
         "requests.jsonl",
-        "requests.csv",
-        "summary.csv",
-        "deltas.csv",
-        "mismatches.csv",
-        "drift.csv",
-        "summary.md",
-        "report.html",
-        "junit.xml",
-        "manifest.json",
         "server-reference.log",
         "server-candidate.log",
     ):
