@@ -45,6 +45,8 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
+from rig.placement import server_label
+
 Endpoint = Literal["completions", "chat"]
 
 MAX_CACHE_SALT_CHARS = 128
@@ -99,6 +101,11 @@ class ServerTarget:
     base_url: str  # http://127.0.0.1:PORT
     model: str  # served model name
     api_key: str | None = None
+    replica: int = 0  # which reference/candidate pair this server belongs to
+
+    @property
+    def label(self) -> str:
+        return server_label(self.side, self.replica)
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,7 @@ class RequestRecord:
     # below the server's inter-token gap; beyond that the kernel may merge two tokens' reads
     # and the earlier token takes the later one's time: the client was overloaded.
     client_lag_s: float | None = None
+    replica: int = 0  # the replica pair that served it; a request pair never spans two
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -158,6 +166,7 @@ class RequestRecord:
 class SideJob:
     target: ServerTarget
     specs: list[RequestSpec]  # sent in order, at most `concurrency` in flight
+    concurrency: int | None = None  # this server's share of the level's C; None: all of it
 
 
 @dataclass(frozen=True)
@@ -330,9 +339,10 @@ def _parse_logprobs(logprobs: dict) -> list[TokenLogprob]:
     ]
 
 
-def _empty_record(side: str, spec: RequestSpec) -> RequestRecord:
+def _empty_record(target: ServerTarget, spec: RequestSpec) -> RequestRecord:
     return RequestRecord(
-        side=side,
+        side=target.side,
+        replica=target.replica,
         request_id=spec.request_id,
         prompt_id=spec.prompt_id,
         level=spec.level,
@@ -631,7 +641,7 @@ async def send_request(
     Cancellation is the exception: the record is completed with a "cancelled" error and
     attached to the CancelledError (`.record`) for the caller to emit.
     """
-    record = _empty_record(target.side, spec)
+    record = _empty_record(target, spec)
     request = _http_request(pool, target, spec)
     stream = _StreamAccumulator(record, time.perf_counter(), spec.sampling.top_logprobs > 0)
     error_body = bytearray()
@@ -728,7 +738,7 @@ async def drive_side(
     warmups = [s for s in job.specs if s.warmup]
     measured = [s for s in job.specs if not s.warmup]
     pool = ConnectionPool(job.target.base_url)
-    slots = asyncio.Semaphore(concurrency)
+    slots = asyncio.Semaphore(job.concurrency or concurrency)
     in_flight: set[asyncio.Task] = set()
     emitted: set[str] = set()
     level_expired = False
@@ -778,7 +788,7 @@ async def drive_side(
         await asyncio.gather(*in_flight, return_exceptions=True)
         for spec in job.specs:
             if spec.request_id not in emitted:
-                record = _empty_record(job.target.side, spec)
+                record = _empty_record(job.target, spec)
                 record.error = expired_error
                 finish(record)
     finally:
@@ -820,11 +830,11 @@ def run_level(
     measured_counts = {len([s for s in job.specs if not s.warmup]) for job in jobs}
     offsets = arrival_offsets(max(measured_counts, default=0), request_rate, burstiness, seed)
     total = sum(len(job.specs) for job in jobs)
-    records: dict[str, dict[str, RequestRecord]] = {job.target.side: {} for job in jobs}
+    records: dict[str, dict[str, RequestRecord]] = {job.target.label: {} for job in jobs}
     bar = _progress_bar(total, concurrency, progress)
 
     def collect(record: RequestRecord) -> None:
-        records[record.side][record.request_id] = record
+        records[server_label(record.side, record.replica)][record.request_id] = record
         if on_record is not None:
             on_record(record)
         if bar is not None:
@@ -840,9 +850,12 @@ def run_level(
     finally:
         if bar is not None:
             bar.close()
-    return {
-        job.target.side: [records[job.target.side][s.request_id] for s in job.specs] for job in jobs
-    }
+    by_side: dict[str, list[RequestRecord]] = {}
+    for job in jobs:
+        by_side.setdefault(job.target.side, []).extend(
+            records[job.target.label][s.request_id] for s in job.specs
+        )
+    return by_side
 
 
 def _cores() -> int:
@@ -855,9 +868,11 @@ def _cores() -> int:
 def _check_jobs(jobs: list[SideJob], concurrency: int) -> None:
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    sides = [job.target.side for job in jobs]
-    if len(set(sides)) != len(sides):
-        raise ValueError(f"each side may appear once per level, got {sides}")
+    labels = [job.target.label for job in jobs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"each server may appear once per level, got {labels}")
+    if any(job.concurrency is not None and job.concurrency < 1 for job in jobs):
+        raise ValueError("a server's share of the concurrency must be at least 1")
     for job in jobs:
         ConnectionPool(job.target.base_url)  # refuses what it cannot talk to
         for attribute in ("request_id", "cache_salt"):
@@ -916,14 +931,14 @@ def _run_in_processes(jobs, concurrency, timeout_s, offsets, level_timeout_s, co
         context.Process(
             target=_side_worker,
             args=(job, concurrency, timeout_s, offsets, level_timeout_s, messages, stop, barrier),
-            name=f"rig-load-{job.target.side}",
+            name=f"rig-load-{job.target.label}",
             daemon=True,
         )
         for job in jobs
     ]
     for worker in workers:
         worker.start()
-    running = {job.target.side for job in jobs}
+    running = {job.target.label for job in jobs}
     failure: str | None = None
     interrupted = False
     try:
@@ -967,7 +982,7 @@ def _run_in_processes(jobs, concurrency, timeout_s, offsets, level_timeout_s, co
 def _side_worker(job, concurrency, timeout_s, offsets, level_timeout_s, messages, stop, barrier):
     """One side in its own process: Ctrl-C is the parent's to handle, it tells us via `stop`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    side = job.target.side
+    side = job.target.label
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -41,37 +41,18 @@ from rig.load import (
     run_level,
 )
 from rig.metrics import delta_frame, summary_frame
+from rig.placement import shard
+from rig.preflight import PreflightError, preflight, render_plan
 from rig.prompts import Prompt, PromptFileError
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
-from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, plan_servers, scan_log
+from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, scan_log
 from rig.verdict import Gate, SideKernel, Verdict, decide
 from rig.workload import WorkloadError, level_requests, resolve_prompts, tokenize_body
 
 EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
 AA_SIDE = "reference-aa"
 PREFIX_CACHE_FILE = "prefix_cache.jsonl"
-
-
-class ModelError(ValueError):
-    """A model that cannot be served; the message is one line meant for the user."""
-
-
-def resolve_model(scenario: Scenario) -> str:
-    """The path or hub id both servers load: 'tiny' builds (or reuses) the embedded model."""
-    name = scenario.model.name
-    if scenario.model.is_tiny:
-        from rig.tiny_model import ensure_tiny_model
-
-        return str(ensure_tiny_model())
-    path = Path(name).expanduser()
-    if path.exists():
-        if not (path / "config.json").exists():
-            raise ModelError(f"model path {path} has no config.json")
-        return str(path.resolve())
-    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
-        raise ModelError(f"model path {name} does not exist")
-    return name
 
 
 def is_aa_run(scenario: Scenario) -> bool:
@@ -126,6 +107,7 @@ class Runner:
         scenario: Scenario,
         run_id: str,
         run_dir: Path,
+        plan: LaunchPlan,
         model_path: str,
         cache: GoldenCache | None,
         resume: bool = False,
@@ -137,7 +119,7 @@ class Runner:
         self.prompts = resolve_prompts(scenario.workload)
         self.prompts_by_id: dict[str, Prompt] = {p.id: p for p in self.prompts}
         self.state = RunState()
-        self.plan: LaunchPlan = plan_servers(scenario, model_path, run_dir, Hardware.detect())
+        self.plan = plan
         self.done_levels: set[tuple[int, int]] = set()
         if resume:
             self.resume_from_disk()
@@ -202,33 +184,32 @@ class Runner:
             self.sink(record)
         self.state.sequences = golden.sequences
         self.state.forced["reference"] = golden.forced
-        phases = tuple(
-            kept
-            for kept in (tuple(s for s in p if s != "reference") for p in self.plan.phases)
-            if kept
-        )
-        self.plan = LaunchPlan(servers=self.plan.servers, phases=phases)
+        self.plan = self.plan.without("reference")
 
     def targets(self, servers: dict[str, Server]) -> dict[str, ServerTarget]:
+        """Load targets by server label."""
         return {
-            side: ServerTarget(side, s.base_url, s.plan.served_model, s.plan.api_key)
-            for side, s in servers.items()
+            label: ServerTarget(
+                s.plan.side, s.base_url, s.plan.served_model, s.plan.api_key, s.plan.replica
+            )
+            for label, s in servers.items()
         }
 
     def run_phases(self) -> None:
         for phase in self.plan.phases:
             started = time.monotonic()
-            plans = [self.plan.servers[side] for side in phase]
+            plans = [self.plan.servers[label] for label in phase]
             with ServerSet(plans, self.scenario.model.startup_timeout_s) as servers:
                 ready = time.monotonic()
-                for side in phase:
-                    self.state.timings[f"{side}_startup_s"] = ready - started
+                for label in phase:
+                    self.state.timings[f"{label}_startup_s"] = ready - started
                 self.run_load(servers)
-                self.run_drift(servers)
-                if self.scenario.control.aa and "reference" in servers:
-                    self.run_aa(servers["reference"])
-                for side in phase:
-                    self.state.timings[f"{side}_server_s"] = time.monotonic() - started
+                first_pair = {s.plan.side: s for s in servers.values() if s.plan.replica == 0}
+                self.run_drift(first_pair)
+                if self.scenario.control.aa and "reference" in first_pair:
+                    self.run_aa(first_pair["reference"])
+                for label in phase:
+                    self.state.timings[f"{label}_server_s"] = time.monotonic() - started
 
     def run_load(self, servers: dict[str, Server]) -> None:
         workload = self.scenario.workload
@@ -236,19 +217,19 @@ class Runner:
         if workload.warmup_requests:
             warmup = [
                 SideJob(
-                    targets[side],
+                    target,
                     level_requests(
                         workload,
                         self.prompts,
                         level=0,
                         repeat=0,
-                        side=side,
+                        side=target.side,
                         run_id=self.run_id,
-                        tag="warmup-",
+                        tag=f"warmup{target.replica or ''}-",
                         count=workload.warmup_requests,
                     ),
                 )
-                for side in servers
+                for target in targets.values()
             ]
             run_level(warmup, min(workload.concurrency), timeout_s=workload.timeout_s)
         for level in workload.concurrency:
@@ -261,21 +242,8 @@ class Runner:
     ) -> None:
         workload = self.scenario.workload
         before = _counters(targets)
-        offsets = {side: server.log_size() for side, server in servers.items()}
-        jobs = [
-            SideJob(
-                targets[side],
-                level_requests(
-                    workload,
-                    self.prompts,
-                    level=level,
-                    repeat=repeat,
-                    side=side,
-                    run_id=self.run_id,
-                ),
-            )
-            for side in servers
-        ]
+        offsets = {label: server.log_size() for label, server in servers.items()}
+        jobs = self.level_jobs(targets, level, repeat)
         results = run_level(
             jobs,
             level,
@@ -286,37 +254,65 @@ class Runner:
             level_timeout_s=workload.level_timeout_s,
             seed=workload.seed,
         )
-        for side in servers:
-            self.state.records += results[side]
-        for side, server in servers.items():
-            failed = [r.request_id for r in results[side] if r.error is not None]
+        level_records = [record for side_records in results.values() for record in side_records]
+        self.state.records += level_records
+        for label, server in servers.items():
+            failed = [
+                r.request_id
+                for r in level_records
+                if r.error is not None
+                and (r.side, r.replica) == (server.plan.side, server.plan.replica)
+            ]
             affected = ",".join(failed[:20]) + (
                 f" (+{len(failed) - 20})" if len(failed) > 20 else ""
             )
-            for fault in scan_log(side, server.log_text(offsets[side])):
-                self.state.faults.append(LevelFault(side, level, fault.kind, fault.line, affected))
-            self.state.peak_rss_mb[side] = max(
-                self.state.peak_rss_mb.get(side, 0.0), server.rss_bytes() / 2**20
+            for fault in scan_log(label, server.log_text(offsets[label])):
+                self.state.faults.append(LevelFault(label, level, fault.kind, fault.line, affected))
+            self.state.peak_rss_mb[label] = max(
+                self.state.peak_rss_mb.get(label, 0.0), server.rss_bytes() / 2**20
             )
             if server.exited() is not None:
                 self.state.faults.append(
-                    LevelFault(side, level, "server_died", f"exit code {server.exited()}", affected)
+                    LevelFault(
+                        label, level, "server_died", f"exit code {server.exited()}", affected
+                    )
                 )
                 raise ServerError(
-                    f"{side} server died during level C={level}; log {server.plan.log_path}:\n"
+                    f"{label} server died during level C={level}; log {server.plan.log_path}:\n"
                     f"{server.log_tail()}"
                 )
         after = _counters(targets)
-        for side in servers:
+        for label in servers:
             self.record_prefix_cache(
                 PrefixCacheDelta(
-                    side,
+                    label,
                     level,
                     repeat,
-                    queries=after[side][0] - before[side][0],
-                    hits=after[side][1] - before[side][1],
+                    queries=after[label][0] - before[label][0],
+                    hits=after[label][1] - before[label][1],
                 )
             )
+
+    def level_jobs(self, targets: dict[str, ServerTarget], level: int, repeat: int) -> list:
+        """Each server's share of a level: a side's ordered requests and its C are sharded over
+        its replicas, request i on pair i % R, so both halves of a request pair meet on the
+        same pair."""
+        jobs = []
+        for target in targets.values():
+            specs = level_requests(
+                self.scenario.workload,
+                self.prompts,
+                level=level,
+                repeat=repeat,
+                side=target.side,
+                run_id=self.run_id,
+            )
+            replicas = len(self.plan.side_servers(target.side))
+            shards = shard(len(specs), replicas, level)
+            if target.replica < len(shards):
+                indices, concurrency = shards[target.replica]
+                jobs.append(SideJob(target, [specs[i] for i in indices], concurrency))
+        return jobs
 
     def record_prefix_cache(self, delta: PrefixCacheDelta) -> None:
         self.state.prefix_cache.append(delta)
@@ -397,13 +393,19 @@ class Runner:
         for side in SIDES:
             if side == "reference" and self.golden is not None:
                 continue
-            plan = self.plan.servers[side]
-            if plan.url is not None:
+            plans = self.plan.side_servers(side)
+            if any(plan.url is not None for plan in plans):
                 continue  # attached servers: the rig cannot see their logs
             from kernels.proof import read_kernel_proof
 
-            proof = read_kernel_proof(plan.log_path, plan.stats_dir)
-            proofs[side] = SideKernel(side, proof.kernel, proof.calls, proof.describe())
+            found = [(plan, read_kernel_proof(plan.log_path, plan.stats_dir)) for plan in plans]
+            kernel = "+".join(dict.fromkeys(proof.kernel for _, proof in found))
+            calls = sum(proof.calls for _, proof in found)
+            detail = "; ".join(
+                proof.describe() if len(found) == 1 else f"{plan.label}: {proof.describe()}"
+                for plan, proof in found
+            )
+            proofs[side] = SideKernel(side, kernel, calls, detail)
         return proofs
 
     def outcome(self, error: str | None) -> RunOutcome:
@@ -533,14 +535,23 @@ def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dic
         "scenario": json.loads(scenario.model_dump_json()),
         "model_path": model_path,
         "servers": {
-            side: {
+            label: {
+                "side": p.side,
+                "replica": p.replica,
+                "devices": p.devices,
                 "argv": list(p.argv),
                 "env": p.redacted_env(),
                 "base_url": p.base_url,
                 "log": str(p.log_path),
                 "kernel": p.kernel,
             }
-            for side, p in plan.servers.items()
+            for label, p in plan.servers.items()
+        },
+        "placement": {
+            "mode": plan.placement.mode,
+            "replicas": plan.replicas,
+            "phases": [list(phase) for phase in plan.phases],
+            "description": plan.placement.describe(),
         },
         "simultaneous": plan.simultaneous,
         "versions": {
@@ -618,6 +629,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run the reference server even when the golden cache holds its results",
     )
     parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="run the preflight checks, print the resolved plan and exit without starting anything",
+    )
+    parser.add_argument(
+        "--assume-gpus",
+        type=int,
+        metavar="N",
+        help="with --plan: plan for a node with N GPUs (this machine's GPUs are not looked at)",
+    )
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=Path(".cache/golden"),
@@ -645,19 +667,31 @@ def main(argv: list[str] | None = None) -> int:
             raise ScenarioError(
                 f"results folder {run_dir} already exists and is not empty (--resume continues it)"
             )
-        resolve_prompts(scenario.workload)
-        model_path = resolve_model(scenario)
+        if args.assume_gpus is not None and not args.plan:
+            raise ScenarioError("--assume-gpus plans for another node: use it with --plan")
+        if args.assume_gpus is not None and args.assume_gpus < 0:
+            raise ScenarioError("--assume-gpus must be 0 or more")
+        prompts = resolve_prompts(scenario.workload)
+        hardware = Hardware.detect()
+        if args.assume_gpus is not None:
+            hardware = Hardware.assume_gpus(args.assume_gpus)
+        checked = preflight(scenario, run_dir, hardware)
+        if args.plan:
+            print(render_plan(checked, len(prompts)))
+            return EXIT_PASS
         run_dir.mkdir(parents=True, exist_ok=True)
         cache = None if args.no_cache else GoldenCache(args.cache_dir)
-        runner = Runner(scenario, run_id, run_dir, model_path, cache, resume=args.resume)
-    except (ScenarioError, PromptFileError, WorkloadError, ModelError, ServerError) as exc:
+        runner = Runner(
+            scenario, run_id, run_dir, checked.plan, checked.model.path, cache, resume=args.resume
+        )
+    except (ScenarioError, PromptFileError, WorkloadError, PreflightError, ServerError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
     (run_dir / "servers.json").write_text(
-        json.dumps(build_manifest(scenario, runner.plan, model_path)["servers"], indent=2)
+        json.dumps(build_manifest(scenario, runner.plan, runner.model_path)["servers"], indent=2)
     )
-    mode = "at the same time" if runner.plan.simultaneous else "one after the other"
+    mode = runner.plan.placement.describe()
     if runner.golden is not None:
         mode = f"reference from the golden cache (run {runner.golden.source_run})"
     print(

@@ -7,6 +7,7 @@ that name the file, the key and the problem; `--set dotted.key=value` overrides 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +23,8 @@ from pydantic import (
 
 TINY_MODEL = "tiny"
 SIDES = ("reference", "candidate")
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "presets"
+GdnBackend = Literal["triton", "flashinfer", "cutedsl"]
 
 
 class ScenarioError(ValueError):
@@ -36,11 +39,22 @@ class ModelConfig(_Strict):
     """What both servers serve, with the flags they share."""
 
     name: str = Field(TINY_MODEL, description="HF id, local path, or 'tiny' (the embedded model)")
+    preset: str | None = Field(None, description="set by the rig: the preset the name resolved to")
     served_name: str | None = None
     dtype: str = "bfloat16"
     max_model_len: int | None = Field(None, gt=0)
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = True
+    gdn_prefill_backend: GdnBackend = Field(
+        "triton", description="vLLM's GDN prefill backend on both sides; triton = FLA"
+    )
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    api_concurrency_limit: int | None = Field(
+        None, gt=0, description="requests the serving stack admits at once; C must not exceed it"
+    )
+    weights_gib: float | None = Field(None, gt=0, description="checkpoint size when not readable")
     startup_timeout_s: float = Field(900.0, gt=0)
     serve_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -67,6 +81,15 @@ class SideConfig(_Strict):
         if value is not None and not value.strip():
             raise ValueError("kernel must be a non-empty name or null")
         return value
+
+
+class PlacementConfig(_Strict):
+    """How servers are laid out on the GPUs (rig.placement has the rules)."""
+
+    replicas: int | None = Field(None, ge=1, description="pairs; default: as many as fit")
+    share_gpus: bool | None = Field(
+        None, description="both sides on the same GPUs when 2*TP > GPUs; default: when it fits"
+    )
 
 
 class PromptSource(_Strict):
@@ -141,6 +164,7 @@ class Scenario(_Strict):
     model: ModelConfig = ModelConfig()
     reference: SideConfig = SideConfig()
     candidate: SideConfig = SideConfig()
+    placement: PlacementConfig = PlacementConfig()
     workload: WorkloadConfig
     drift: DriftConfig = DriftConfig()
     control: ControlConfig = ControlConfig()
@@ -152,10 +176,83 @@ class Scenario(_Strict):
     @classmethod
     def _model_shorthand(cls, value: Any) -> Any:
         """`model: Qwen/Qwen3.5-397B-A17B-FP8` (or --set model=...) means the name alone."""
-        return {"name": value} if isinstance(value, str) else value
+        return _model_mapping(value)
+
+    @model_validator(mode="after")
+    def _concurrency_admitted(self) -> Scenario:
+        limit = self.model.api_concurrency_limit
+        if limit is not None and max(self.workload.concurrency) > limit:
+            raise ValueError(
+                f"workload.concurrency {max(self.workload.concurrency)} exceeds "
+                f"model.api_concurrency_limit {limit}: the server would refuse requests"
+            )
+        return self
 
     def side(self, name: str) -> SideConfig:
         return getattr(self, name)
+
+
+def _model_mapping(value: Any) -> Any:
+    return {"name": value} if isinstance(value, str) else value
+
+
+class Preset(_Strict):
+    """A model's serving setup in one YAML file under scenarios/presets/: the name users type
+    resolves to the hub id and the flags the seeds served it with."""
+
+    key: str
+    aliases: list[str] = Field(default_factory=list)
+    weights_gib: float | None = None
+    model: dict[str, Any]
+    workload: dict[str, Any] = Field(default_factory=dict)
+
+    def names(self) -> set[str]:
+        return {self.model["name"].lower(), *(alias.lower() for alias in self.aliases)}
+
+
+def load_presets(directory: Path = PRESETS_DIR) -> dict[str, Preset]:
+    presets = {}
+    for path in sorted(directory.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        presets[path.stem] = Preset.model_validate({"key": path.stem, **data})
+    return presets
+
+
+def find_preset(name: str | None, directory: Path = PRESETS_DIR) -> Preset | None:
+    """The preset a model name (hub id or alias, any case) refers to, if any."""
+    if not name:
+        return None
+    wanted = name.strip().lower()
+    return next((p for p in load_presets(directory).values() if wanted in p.names()), None)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Scenario data with the named model's preset underneath: preset < file < --set."""
+    probe = apply_overrides(copy.deepcopy(data), overrides)
+    name = (_model_mapping(probe.get("model")) or {}).get("name")
+    preset = find_preset(name if isinstance(name, str) else None)
+    if preset is None:
+        return probe
+    file_data = dict(data)
+    if "model" in file_data:
+        file_data["model"] = _model_mapping(file_data["model"])
+    layer = {"model": {**preset.model, "weights_gib": preset.weights_gib}}
+    if preset.workload:
+        layer["workload"] = preset.workload
+    merged = apply_overrides(_deep_merge(layer, file_data), overrides)
+    merged["model"] = _model_mapping(merged["model"])
+    merged["model"] |= {"name": preset.model["name"], "preset": preset.key}
+    return merged
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -173,6 +270,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for text in overrides:
         path, value = parse_override(text)
+        if path == ["model"] and isinstance(value, str):
+            path = ["model", "name"]  # --set model=X names the model, keeping its other keys
+        if isinstance(data.get("model"), str):
+            data["model"] = _model_mapping(data["model"])
         node = data
         for part in path[:-1]:
             child = node.get(part)
@@ -217,7 +318,7 @@ def load_scenario(path: Path, overrides: list[str] | None = None) -> Scenario:
     if not isinstance(data, dict):
         kind = type(data).__name__
         raise ScenarioError(f"{path}: a scenario must be a mapping of keys, not a {kind}")
-    data = apply_overrides(data, overrides or [])
+    data = apply_preset(data, overrides or [])
     data.setdefault("name", path.stem)
     try:
         scenario = Scenario.model_validate(data)

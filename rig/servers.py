@@ -10,6 +10,7 @@ VLLM_CPU_OMP_THREADS_BIND (by default both workers bind core 0). Otherwise one a
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -24,7 +25,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rig.placement import Placement, Slot, place_on_cpus, place_on_gpus, server_label
 from rig.scenario import SIDES, Scenario
+from rig.vllm_entry import installed_vllm_version
 
 LOG_TAIL_LINES = 40
 KERNEL_ENV = "RIG_GDN_KERNEL"
@@ -38,41 +41,71 @@ class ServerError(RuntimeError):
 
 @dataclass(frozen=True)
 class Hardware:
+    """What this machine offers the servers (or, with --assume-gpus, what a plan assumes)."""
+
     gpu_count: int
     cpu_ids: tuple[int, ...]
-
     memory_gib: float = 0.0
+    gpu_ids: tuple[str, ...] = ()  # as a child's CUDA_VISIBLE_DEVICES must name them
+    gpu_free_mib: tuple[int, ...] = ()  # per GPU, empty when unknown
+    assumed: bool = False
 
     @classmethod
     def detect(cls) -> Hardware:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        gpu_ids, free = _visible_gpus()
         return cls(
-            gpu_count=_count_gpus(),
+            gpu_count=len(gpu_ids),
             cpu_ids=tuple(sorted(os.sched_getaffinity(0))),
             memory_gib=pages / 2**30,
+            gpu_ids=gpu_ids,
+            gpu_free_mib=free,
+        )
+
+    @classmethod
+    def assume_gpus(cls, count: int) -> Hardware:
+        """A node this process is not on: `count` GPUs of unknown free memory."""
+        return cls(
+            gpu_count=count,
+            cpu_ids=tuple(range(os.cpu_count() or 1)),
+            gpu_ids=tuple(str(i) for i in range(count)),
+            assumed=True,
         )
 
     def kv_cache_gib(self, servers: int) -> int:
         """A CPU server's KV cache: a third of the memory shared by the servers, 1..32 GiB."""
         return max(1, min(32, int(self.memory_gib / 3 / max(servers, 1))))
 
+    def visible_devices(self, gpus: tuple[int, ...]) -> str:
+        """CUDA_VISIBLE_DEVICES for a child given indices into the GPUs this process sees."""
+        ids = self.gpu_ids or tuple(str(i) for i in range(self.gpu_count))
+        return ",".join(ids[g] for g in gpus)
 
-def _count_gpus() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([part for part in visible.split(",") if part.strip()])
+
+def _visible_gpus() -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """GPU ids a child must be given (honouring this process's CUDA_VISIBLE_DEVICES) and their
+    free memory, from nvidia-smi; nothing when there is no NVIDIA GPU."""
     try:
         listing = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True
+            ["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+        return (), ()
+    rows = [[part.strip() for part in line.split(",")] for line in listing.splitlines() if line]
+    by_name = {row[0]: row for row in rows} | {row[1]: row for row in rows}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else None
+    chosen = [by_name[n] for n in names if n in by_name] if names is not None else rows
+    return tuple(row[0] for row in chosen), tuple(int(float(row[2])) for row in chosen)
 
 
 @dataclass(frozen=True)
 class ServerPlan:
-    """Everything needed to start (or attach to) one side, recorded in the manifest."""
+    """Everything needed to start (or attach to) one server, recorded in the manifest."""
 
     side: str
     argv: tuple[str, ...]
@@ -85,6 +118,12 @@ class ServerPlan:
     kernel: str | None
     url: str | None = None
     api_key: str | None = None
+    replica: int = 0
+    devices: str = ""  # what the placement gave it, in words
+
+    @property
+    def label(self) -> str:
+        return server_label(self.side, self.replica)
 
     @property
     def base_url(self) -> str:
@@ -96,14 +135,35 @@ class ServerPlan:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """The servers to start, grouped into phases: sides in one phase run at the same time."""
+    """The servers to start, grouped into phases: servers in one phase run at the same time."""
 
-    servers: dict[str, ServerPlan]
+    servers: dict[str, ServerPlan]  # by label: "reference", "candidate", "reference-1", ...
     phases: tuple[tuple[str, ...], ...]
+    placement: Placement
 
     @property
     def simultaneous(self) -> bool:
         return len(self.phases) == 1 and len(self.phases[0]) > 1
+
+    @property
+    def replicas(self) -> int:
+        return self.placement.replicas
+
+    def side_servers(self, side: str) -> list[ServerPlan]:
+        """One side's servers, replica 0 first."""
+        return sorted(
+            (plan for plan in self.servers.values() if plan.side == side),
+            key=lambda plan: plan.replica,
+        )
+
+    def without(self, side: str) -> LaunchPlan:
+        """The plan with one side's servers left out (its results come from elsewhere)."""
+        phases = tuple(
+            kept
+            for kept in (tuple(s for s in p if self.servers[s].side != side) for p in self.phases)
+            if kept
+        )
+        return LaunchPlan(self.servers, phases, self.placement)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -121,25 +181,84 @@ def ensure_port_free(port: int, host: str = "127.0.0.1") -> None:
             raise ServerError(f"port {port} on {host} is already in use") from None
 
 
-def _cpu_sets(cpu_ids: tuple[int, ...], count: int) -> list[str] | None:
-    if count == 0:
-        return []
-    per_side = len(cpu_ids) // count
-    if per_side < 1:
-        return None
-    sets = []
-    for index in range(count):
-        chunk = cpu_ids[index * per_side : (index + 1) * per_side]
-        sets.append(",".join(str(cpu) for cpu in chunk))
-    return sets
+def place(
+    scenario: Scenario, hardware: Hardware, launched: tuple[str, ...], copies: int
+) -> Placement:
+    """The placement of the launched sides: the scenario's explicit GPUs, else the rules of
+    rig.placement. A side attached by URL keeps the others to a single pair."""
+    model, placement = scenario.model, scenario.placement
+    if hardware.gpu_count == 0:
+        return place_on_cpus(hardware.cpu_ids, launched)
+    explicit = [scenario.side(side).gpus for side in launched]
+    if launched and all(explicit):
+        pairs = zip(launched, explicit, strict=True)
+        slots = tuple(Slot(side, 0, tuple(gpus)) for side, gpus in pairs)
+        overlap = len({g for gpus in explicit for g in gpus}) < sum(map(len, explicit))
+        phases = tuple((s.label,) for s in slots) if overlap else (tuple(launched),)
+        return Placement("sequential" if overlap else "simultaneous", 1, slots, phases)
+    attached = len(launched) < len(SIDES) and any(scenario.side(s).url for s in SIDES)
+    return place_on_gpus(
+        hardware.gpu_count,
+        model.tensor_parallel_size,
+        launched,
+        copies=copies,
+        replicas=1 if attached else placement.replicas,
+        share=placement.share_gpus,
+    )
 
 
-def _gpu_sets(gpu_count: int, tp: int, count: int) -> list[str] | None:
-    if count == 0:
-        return []
-    if gpu_count < tp * count:
-        return None
-    return [",".join(str(g) for g in range(i * tp, (i + 1) * tp)) for i in range(count)]
+def serve_argv(scenario: Scenario, model_path: str, served_model: str, port: int) -> list[str]:
+    """The `vllm serve` command line both sides share (per-side extras are appended)."""
+    model = scenario.model
+    argv = [
+        sys.executable,
+        "-m",
+        "rig.vllm_entry",
+        "serve",
+        model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_model,
+        "--dtype",
+        model.dtype,
+        "--tensor-parallel-size",
+        str(model.tensor_parallel_size),
+        "--seed",
+        str(scenario.workload.seed),
+        *gdn_backend_args(installed_vllm_version(), model.gdn_prefill_backend),
+    ]
+    flags = {
+        "--max-model-len": model.max_model_len,
+        "--max-num-batched-tokens": model.max_num_batched_tokens,
+        "--max-num-seqs": model.max_num_seqs,
+    }
+    for flag, value in flags.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if model.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv
+
+
+def shared_env(scenario: Scenario, hardware: Hardware) -> dict[str, str]:
+    """Environment both sides get: the scenario's, plus what vLLM's CUDA build needs to run
+    without flashinfer (its sampler imports it unless told not to)."""
+    env = dict(scenario.model.env)
+    if hardware.gpu_count > 0 and not flashinfer_importable():
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    return env
+
+
+def gdn_backend_args(vllm_version: str | None, backend: str) -> list[str]:
+    """The serve flag that requests a GDN prefill backend."""
+    return ["--gdn-prefill-backend", backend]
+
+
+def flashinfer_importable() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
 
 
 def plan_servers(
@@ -148,80 +267,70 @@ def plan_servers(
     run_dir: Path,
     hardware: Hardware,
     sides: tuple[str, ...] = SIDES,
+    copies: int = 1,
 ) -> LaunchPlan:
-    """Build identical argv/env for each side, differing only in what the scenario declares."""
+    """Build identical argv/env for each server, differing only in what the scenario declares
+    for a side and in where the placement puts it."""
     model = scenario.model
     served_model = model.served_name or ("rig-tiny" if model.is_tiny else model.name)
-    launched = [side for side in sides if scenario.side(side).url is None]
-    placement: list[str] | None = None
-    if hardware.gpu_count > 0:
-        explicit = all(scenario.side(side).gpus for side in launched)
-        placement = (
-            [",".join(map(str, scenario.side(side).gpus)) for side in launched]
-            if explicit
-            else _gpu_sets(hardware.gpu_count, model.tensor_parallel_size, len(launched))
-        )
-    else:
-        placement = _cpu_sets(hardware.cpu_ids, len(launched))
-
+    attached = [side for side in sides if scenario.side(side).url is not None]
+    launched = tuple(side for side in sides if side not in attached)
+    placement = place(scenario, hardware, launched, copies)
+    slots = [*placement.slots, *(Slot(side, 0) for side in attached)]
     servers: dict[str, ServerPlan] = {}
-    for side in sides:
-        config = scenario.side(side)
-        stats_dir = run_dir / "kernel-stats" / side
-        env = dict(model.env)
+    for slot in slots:
+        config = scenario.side(slot.side)
+        stats_dir = run_dir / "kernel-stats" / slot.label
+        env = shared_env(scenario, hardware)
         env.update(config.env)
         env[STATS_ENV] = str(stats_dir.resolve())
         if config.kernel is not None:
             env[KERNEL_ENV] = config.kernel
-        if hardware.gpu_count == 0 and side in launched:
+        if slot.gpus:
+            env.setdefault("CUDA_VISIBLE_DEVICES", hardware.visible_devices(slot.gpus))
+        elif slot.cpus:
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, slot.cpus)))
+        if hardware.gpu_count == 0 and config.url is None:
             # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(len(launched))))
-        if side in launched and placement is not None:
-            index = launched.index(side)
-            key = "CUDA_VISIBLE_DEVICES" if hardware.gpu_count > 0 else "VLLM_CPU_OMP_THREADS_BIND"
-            env.setdefault(key, placement[index])
-        port = config.port or free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "rig.vllm_entry",
-            "serve",
-            model_path,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--served-model-name",
-            served_model,
-            "--dtype",
-            model.dtype,
-            "--tensor-parallel-size",
-            str(model.tensor_parallel_size),
-            "--seed",
-            str(scenario.workload.seed),
-        ]
-        if model.max_model_len:
-            argv += ["--max-model-len", str(model.max_model_len)]
-        if model.enforce_eager:
-            argv.append("--enforce-eager")
+        port = (config.port + slot.replica) if config.port else free_port()
+        argv = serve_argv(scenario, model_path, served_model, port)
+        memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
+        if memory is not None:
+            argv += ["--gpu-memory-utilization", f"{memory:g}"]
         if config.api_key:
             argv += ["--api-key", config.api_key]
         argv += [*model.serve_args, *config.serve_args]
-        servers[side] = ServerPlan(
-            side=side,
+        plan = ServerPlan(
+            side=slot.side,
             argv=tuple(argv),
             env=env,
             host="127.0.0.1",
             port=port,
-            log_path=run_dir / f"server-{side}.log",
+            log_path=run_dir / f"server-{slot.label}.log",
             stats_dir=stats_dir,
             served_model=served_model,
             kernel=config.kernel,
             url=config.url,
             api_key=config.api_key,
+            replica=slot.replica,
+            devices="attached" if config.url else _devices(slot, hardware),
         )
-    phases = (tuple(sides),) if placement is not None else tuple((side,) for side in sides)
-    return LaunchPlan(servers=servers, phases=phases)
+        servers[plan.label] = plan
+    phases = placement.phases
+    if attached:  # always reachable: they join the first phase
+        first = phases[0] if phases else ()
+        phases = ((*first, *attached), *phases[1:])
+    return LaunchPlan(servers=servers, phases=phases, placement=placement)
+
+
+def _devices(slot: Slot, hardware: Hardware) -> str:
+    if slot.gpus:
+        text = f"GPU {hardware.visible_devices(slot.gpus)}"
+        if slot.gpu_memory_fraction is not None:
+            text += f" (shared, {slot.gpu_memory_fraction:.0%} of memory)"
+        return text
+    return f"CPU cores {','.join(map(str, slot.cpus))}" if slot.cpus else "CPU"
 
 
 @dataclass

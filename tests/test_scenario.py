@@ -9,6 +9,7 @@ from rig.scenario import (
     Scenario,
     ScenarioError,
     apply_overrides,
+    load_presets,
     load_scenario,
     parse_override,
 )
@@ -208,8 +209,8 @@ def test_model_shorthand_from_the_command_line(tmp_path):
     path = write(tmp_path, {**MINIMAL, "model": {"name": "tiny", "dtype": "float32"}})
     scenario = load_scenario(path, ["model=org/some-model"])
     assert scenario.model.name == "org/some-model"
-    # A string replaces the whole mapping, so the file's other model keys go too.
-    assert scenario.model.dtype == "bfloat16"
+    # --set model=X names the model: the file's other model keys stay (make e2e MODEL=... TP=2).
+    assert scenario.model.dtype == "float32"
 
 
 # --- --set overrides ---------------------------------------------------------------------------
@@ -265,9 +266,15 @@ def test_override_fills_a_null_section(tmp_path):
 
 
 def test_override_through_a_scalar_is_an_error(tmp_path):
+    path = write(tmp_path, {**MINIMAL, "description": "text"})
+    with pytest.raises(ScenarioError, match="'description' is not a mapping"):
+        load_scenario(path, ["description.dtype=float16"])
+
+
+def test_override_inside_a_model_given_by_name_alone(tmp_path):
     path = write(tmp_path, {**MINIMAL, "model": "org/m"})
-    with pytest.raises(ScenarioError, match="'model' is not a mapping"):
-        load_scenario(path, ["model.dtype=float16"])
+    scenario = load_scenario(path, ["model.dtype=float16"])
+    assert (scenario.model.name, scenario.model.dtype) == ("org/m", "float16")
 
 
 def test_override_with_an_unknown_key_is_named(tmp_path):
@@ -291,3 +298,62 @@ def test_side_lookup(tmp_path):
     scenario = load_scenario(write(tmp_path, {**MINIMAL, "candidate": {"kernel": "ns4"}}))
     assert scenario.side("candidate").kernel == "ns4"
     assert scenario.side("reference").kernel is None
+
+
+# --- model presets ----------------------------------------------------------------------------
+
+
+def test_every_preset_validates_as_a_scenario_model(tmp_path):
+    presets = load_presets()
+    assert {"qwen3.5-397b-fp8", "qwen3-next-80b-instruct"} <= set(presets)
+    for preset in presets.values():
+        scenario = load_scenario(write(tmp_path, MINIMAL), [f"model={preset.model['name']}"])
+        assert scenario.model.preset == preset.key
+
+
+@pytest.mark.parametrize(
+    "name", ["Qwen3.5-397B", "qwen3.5-397b", "Qwen/Qwen3.5-397B-A17B-FP8", "Qwen3.5-397B-A17B"]
+)
+def test_a_preset_name_resolves_to_the_hub_id_and_the_seeds_serving_setup(tmp_path, name):
+    scenario = load_scenario(write(tmp_path, MINIMAL), [f"model={name}"])
+    model = scenario.model
+    assert model.name == "Qwen/Qwen3.5-397B-A17B-FP8"
+    assert model.preset == "qwen3.5-397b-fp8"
+    assert model.tensor_parallel_size == 2
+    assert (model.max_num_batched_tokens, model.max_num_seqs) == (10240, 220)
+    assert model.api_concurrency_limit == 256
+    assert not any("speculative" in arg for arg in model.serve_args)  # MTP off
+    assert scenario.workload.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_set_beats_the_scenario_file_which_beats_the_preset(tmp_path):
+    data = {**MINIMAL, "model": {"name": "Qwen3.5-397B", "max_num_seqs": 64}}
+    path = write(tmp_path, data)
+    scenario = load_scenario(path)
+    assert scenario.model.max_num_seqs == 64 and scenario.model.tensor_parallel_size == 2
+    scenario = load_scenario(path, ["model.tensor_parallel_size=4", "model.max_num_seqs=8"])
+    assert (scenario.model.tensor_parallel_size, scenario.model.max_num_seqs) == (4, 8)
+    # --set model=X names the model and keeps the other model keys of the file
+    scenario = load_scenario(
+        write(tmp_path, {**MINIMAL, "model": {"max_model_len": 512}}), ["model=Qwen3-Next-80B"]
+    )
+    assert scenario.model.name == "Qwen/Qwen3-Next-80B-A3B-Instruct"
+    assert scenario.model.max_model_len == 512
+
+
+def test_a_model_without_preset_is_taken_as_written(tmp_path):
+    scenario = load_scenario(write(tmp_path, MINIMAL), ["model=org/other-model"])
+    assert scenario.model.name == "org/other-model" and scenario.model.preset is None
+    assert scenario.model.tensor_parallel_size == 1
+
+
+def test_concurrency_beyond_the_admitted_limit_is_refused(tmp_path):
+    path = write(tmp_path, {**MINIMAL, "workload": {**MINIMAL["workload"], "concurrency": [300]}})
+    assert "exceeds model.api_concurrency_limit 256" in error_of(path, ["model=Qwen3.5-397B"])
+
+
+def test_gdn_prefill_backend_defaults_to_fla_and_takes_only_known_backends(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    assert load_scenario(path).model.gdn_prefill_backend == "triton"
+    assert load_scenario(path, ["model.gdn_prefill_backend=cutedsl"]).model.gdn_prefill_backend
+    assert "gdn_prefill_backend" in error_of(path, ["model.gdn_prefill_backend=cuda"])

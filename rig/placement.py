@@ -1,0 +1,157 @@
+"""Where each server runs: which GPUs (or CPU cores) every side of every replica pair gets, and
+which servers run at the same time.
+
+Rules, for N GPUs and tensor-parallel size TP (a server always spans TP GPUs):
+  - R replica pairs (`replicas`, default N // (2*TP), at least 1) need 2*R groups of TP GPUs:
+    with that many, every server has its own and all run at once, the requests sharded over
+    the pairs.
+  - With fewer, servers share groups when the model fits that many times in a group's free
+    memory (each gets a fraction of it): one H200 holds both sides of a small model.
+  - Otherwise one pair, the sides one after the other on the same GPUs.
+  - N < TP: no placement (PlacementError says how many GPUs a side needs).
+Without GPUs, both sides at once on disjoint CPU cores when there are at least two, else one
+after the other. Attaching to servers on other nodes is the scenario's `url` path: those sides
+take no GPUs here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SHARED_GPU_MEMORY_BUDGET = 0.88  # split between the servers sharing a GPU; room for contexts
+
+
+def server_label(side: str, replica: int) -> str:
+    """A server's name in logs, files and progress: the side, and its replica pair from 1 on."""
+    return side if replica == 0 else f"{side}-{replica}"
+
+
+class PlacementError(ValueError):
+    """No placement fits; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One server: a side of one replica pair, and the devices it may use."""
+
+    side: str
+    replica: int
+    gpus: tuple[int, ...] = ()  # indices into the GPUs this process sees
+    cpus: tuple[int, ...] = ()
+    gpu_memory_fraction: float | None = None  # set when the GPUs are shared with another server
+
+    @property
+    def label(self) -> str:
+        return server_label(self.side, self.replica)
+
+
+@dataclass(frozen=True)
+class Placement:
+    mode: Literal["simultaneous", "sequential", "shared"]
+    replicas: int
+    slots: tuple[Slot, ...]
+    phases: tuple[tuple[str, ...], ...]  # slot labels that run at the same time
+
+    def slot(self, label: str) -> Slot:
+        return next(slot for slot in self.slots if slot.label == label)
+
+    def describe(self) -> str:
+        parts = []
+        for slot in self.slots:
+            devices = (
+                "GPU " + ",".join(map(str, slot.gpus))
+                if slot.gpus
+                else ("cores " + ",".join(map(str, slot.cpus)) if slot.cpus else "shared CPU")
+            )
+            if slot.gpu_memory_fraction is not None:
+                devices += f" ({slot.gpu_memory_fraction:.0%} of memory)"
+            parts.append(f"{slot.label}: {devices}")
+        pairs = f"{self.replicas} replica pairs, " if self.replicas > 1 else ""
+        return f"{pairs}{self.mode}; " + "; ".join(parts)
+
+
+def place_on_gpus(
+    gpu_count: int,
+    tp: int,
+    launched: tuple[str, ...],
+    *,
+    copies: int,
+    replicas: int | None = None,
+    share: bool | None = None,
+) -> Placement:
+    """Slots for the `launched` sides (a side may come from a cache or a URL instead).
+
+    `copies`: how many servers of this model fit in the memory of one group of TP GPUs.
+    """
+    groups = gpu_count // tp
+    if groups == 0:
+        raise PlacementError(
+            f"tensor_parallel_size={tp} needs {tp} GPUs per side; {gpu_count} available"
+        )
+    pairs = replicas or max(groups // 2, 1)
+    count = pairs * len(launched)
+    per_group = -(-count // groups)
+    if per_group == 1:
+        slots = [
+            Slot(side, replica, _group(index, tp))
+            for index, (replica, side) in enumerate(_servers(pairs, launched))
+        ]
+        return _one_phase("simultaneous", pairs, slots)
+    if share is not False and per_group <= copies:
+        fraction = round(SHARED_GPU_MEMORY_BUDGET / per_group, 2)
+        slots = [
+            Slot(side, replica, _group(index % groups, tp), (), fraction)
+            for index, (replica, side) in enumerate(_servers(pairs, launched))
+        ]
+        return _one_phase("shared", pairs, slots)
+    if share:
+        raise PlacementError(
+            f"share_gpus: {per_group} servers per GPU do not fit in the GPUs' free memory "
+            f"(room for {copies})"
+        )
+    if pairs > 1:
+        raise PlacementError(
+            f"{pairs} replica pairs need {2 * tp * pairs} GPUs (TP{tp} per side) or GPUs they "
+            f"can share; {gpu_count} available"
+        )
+    slots = [Slot(side, 0, _group(0, tp)) for side in launched]
+    return Placement("sequential", 1, tuple(slots), tuple((slot.label,) for slot in slots))
+
+
+def _servers(pairs: int, launched: tuple[str, ...]) -> list[tuple[int, str]]:
+    return [(replica, side) for replica in range(pairs) for side in launched]
+
+
+def _group(index: int, tp: int) -> tuple[int, ...]:
+    return tuple(range(index * tp, (index + 1) * tp))
+
+
+def place_on_cpus(cpu_ids: tuple[int, ...], launched: tuple[str, ...]) -> Placement:
+    """Disjoint core sets when every side gets at least one, else one after the other."""
+    count = len(launched)
+    per_side = len(cpu_ids) // count if count else 0
+    if count and per_side >= 1:
+        slots = [
+            Slot(side, 0, (), cpu_ids[i * per_side : (i + 1) * per_side])
+            for i, side in enumerate(launched)
+        ]
+        return _one_phase("simultaneous", 1, slots)
+    slots = [Slot(side, 0) for side in launched]
+    return Placement("sequential", 1, tuple(slots), tuple((slot.label,) for slot in slots))
+
+
+def _one_phase(mode, replicas: int, slots: list[Slot]) -> Placement:
+    phases = (tuple(slot.label for slot in slots),) if slots else ()
+    return Placement(mode, replicas, tuple(slots), phases)
+
+
+def shard(count: int, replicas: int, concurrency: int) -> list[tuple[list[int], int]]:
+    """Split a level's ordered requests (0..count-1) and its client concurrency across the
+    replica pairs: request i goes to pair i % R, and the C slots are dealt out as evenly as
+    possible. Pairs that would get no slot get no requests either."""
+    used = max(1, min(replicas, concurrency))
+    return [
+        (list(range(replica, count, used)), concurrency // used + (replica < concurrency % used))
+        for replica in range(used)
+    ]
