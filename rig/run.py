@@ -444,6 +444,7 @@ class Runner:
             deltas=delta_frame(summary),
             aa_pairs=aa_pairs,
             aa_drift=aa_drift,
+            reference_backend=scenario.model.gdn_prefill_backend,
         )
         if error is not None:
             verdict = _failed(verdict, error)

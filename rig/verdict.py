@@ -4,7 +4,8 @@ Words: "identical"; "equivalent up to near-ties" (every text divergence sits at 
 top-1/top-2 margin within the near-tie bound, drift under its threshold), with "within the A/A
 noise floor" when an A/A control measured at least as many divergences; "NOT equivalent";
 and "INVALID" when the run cannot vouch for the kernel under test (it never ran, both sides ran
-the same kernel, a prefix-cache hit skipped prefills, or nothing was compared). A failed
+the same kernel, the reference ran another backend than requested, a prefix-cache hit skipped
+prefills, or nothing was compared). A failed
 performance gate fails the run without changing the word.
 """
 
@@ -117,6 +118,21 @@ def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: b
     return Gate("candidate kernel active", True, seen)
 
 
+CPU_REFERENCE = "vllm-cpu-native"  # vLLM's CPU build has one GDN prefill op, whatever is asked
+
+
+def _reference_backend_gate(kernels: dict[str, SideKernel], backend: str, is_aa: bool) -> Gate:
+    """The reference must be the backend the scenario asked for (FLA's Triton by default): on
+    an H200, vLLM's own default is FlashInfer, and a fallback would silently change the
+    yardstick."""
+    wanted = f"vllm-{backend}"
+    sides = ("reference", "candidate") if is_aa else ("reference",)
+    ran = {side: kernels[side].kernel for side in sides if side in kernels}
+    wrong = {side: k for side, k in ran.items() if k not in (wanted, CPU_REFERENCE)}
+    seen = ", ".join(f"{side} ran {kernel}" for side, kernel in ran.items()) or "no proof"
+    return Gate("reference backend", not wrong, f"requested {backend} ({wanted}); {seen}")
+
+
 def decide(
     gates_config: GatesConfig,
     pairs: list[PairResult],
@@ -129,6 +145,7 @@ def decide(
     deltas: pd.DataFrame | None = None,
     aa_pairs: list[PairResult] | None = None,
     aa_drift: list[DriftResult] | None = None,
+    reference_backend: str | None = None,
 ) -> Verdict:
     counts = count(pairs, drift, prefix_cache_hits)
     aa_counts = count(aa_pairs, aa_drift or []) if aa_pairs is not None else None
@@ -186,6 +203,8 @@ def decide(
         )
     if g.require_candidate_kernel:
         gates.append(_kernel_gate(kernels, requested_kernel, is_aa))
+    if reference_backend is not None and kernels:
+        gates.append(_reference_backend_gate(kernels, reference_backend, is_aa))
     if g.max_perf_regression_pct is not None and deltas is not None and not deltas.empty:
         worst = deltas[[c for c in deltas.columns if c.endswith("_delta_pct")]].min().min()
         gates.append(
@@ -198,7 +217,12 @@ def decide(
     passed = all(gate.passed for gate in gates)
     failed = {gate.name for gate in gates if not gate.passed}
     # Prefix-cache hits mean some prefills never ran the kernel: nothing can be vouched for.
-    if failed & {"candidate kernel active", "prefix-cache hits", "pairs compared"}:
+    if failed & {
+        "candidate kernel active",
+        "reference backend",
+        "prefix-cache hits",
+        "pairs compared",
+    }:
         word = "INVALID"
     elif failed & {
         "substantive divergences",

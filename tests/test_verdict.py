@@ -338,3 +338,39 @@ def test_prompt_position_drift_gate():
     assert not gate(result, "teacher-forced drift").passed
     assert result.word == "NOT equivalent"
     assert verdict(identical(1), [noisy]).passed  # off by default
+
+
+def test_a_reference_on_another_backend_than_requested_is_invalid():
+    flashinfer = {
+        "reference": SideKernel("reference", "vllm-flashinfer", 12),
+        "candidate": SideKernel("candidate", "ns4", 12),
+    }
+    result = verdict(identical(3), kernels=flashinfer, reference_backend="triton")
+    assert result.word == "INVALID" and not result.passed
+    assert "requested triton (vllm-triton); reference ran vllm-flashinfer" in (
+        gate(result, "reference backend").detail
+    )
+    fla = {**flashinfer, "reference": SideKernel("reference", "vllm-triton", 12)}
+    assert verdict(identical(3), kernels=fla, reference_backend="triton").word == "identical"
+    asked = verdict(identical(3), kernels=flashinfer, reference_backend="flashinfer")
+    assert gate(asked, "reference backend").passed
+
+
+def test_the_cpu_builds_one_op_is_the_reference_whatever_is_requested():
+    cpu = {
+        "reference": SideKernel("reference", "vllm-cpu-native", 12),
+        "candidate": SideKernel("candidate", "ns4", 12),
+    }
+    assert gate(verdict(identical(2), kernels=cpu, reference_backend="triton"), "reference backend")
+
+
+def test_an_aa_run_checks_the_backend_of_both_sides():
+    aa = {
+        "reference": SideKernel("reference", "vllm-triton", 12),
+        "candidate": SideKernel("candidate", "vllm-flashinfer", 12),
+    }
+    result = verdict(
+        identical(2), kernels=aa, requested=None, is_aa=True, reference_backend="triton"
+    )
+    assert result.word == "INVALID"
+    assert "candidate ran vllm-flashinfer" in gate(result, "reference backend").detail
