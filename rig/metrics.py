@@ -38,6 +38,7 @@ def request_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
         rows.append(
             {
                 "side": r.side,
+                "replica": r.replica,
                 "level": r.level,
                 "repeat": r.repeat,
                 "index": r.index,

@@ -62,7 +62,12 @@ def run_rig(tmp_path_factory, tiny_model):
     after the first run only the candidate's server starts (as for a user's second iteration)."""
     cache = tmp_path_factory.mktemp("golden")
 
-    def run(*args: str, scenario: str = "scenarios/smoke.yaml", name: str = "run") -> RigRun:
+    def run(
+        *args: str,
+        scenario: str = "scenarios/smoke.yaml",
+        name: str = "run",
+        env: dict[str, str] | None = None,
+    ) -> RigRun:
         results = tmp_path_factory.mktemp("results")
         argv = [
             sys.executable,
@@ -83,7 +88,7 @@ def run_rig(tmp_path_factory, tiny_model):
             capture_output=True,
             text=True,
             timeout=RUN_TIMEOUT_S,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         return RigRun(done.returncode, done.stdout, done.stderr, results / name)
 
