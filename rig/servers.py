@@ -469,7 +469,7 @@ class ServerSet:
     """Starts a phase's servers together and guarantees they are stopped on every exit path."""
 
     def __init__(self, plans: list[ServerPlan], startup_timeout_s: float) -> None:
-        self.servers = {plan.side: Server(plan) for plan in plans}
+        self.servers = {plan.label: Server(plan) for plan in plans}
         self.startup_timeout_s = startup_timeout_s
 
     def __enter__(self) -> dict[str, Server]:

@@ -171,3 +171,20 @@ def test_cpu_servers_get_a_bounded_kv_cache(tmp_path):
     explicit = scenario(model={"name": "x", "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
     plan = plan_servers(explicit, "/m", tmp_path, hardware)
     assert plan.servers["candidate"].env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_replica_pairs_get_their_own_servers_logs_and_gpus(tmp_path):
+    hardware = Hardware(
+        gpu_count=2, cpu_ids=(0,), gpu_ids=("4", "5"), gpu_free_mib=(140_000, 140_000)
+    )
+    plan = plan_servers(scenario(placement={"replicas": 2}), "/m", tmp_path, hardware, copies=4)
+    assert set(plan.servers) == {"reference", "candidate", "reference-1", "candidate-1"}
+    assert plan.phases == (("reference", "candidate", "reference-1", "candidate-1"),)
+    logs = {p.log_path.name for p in plan.servers.values()}
+    assert len(logs) == 4 and "server-reference-1.log" in logs
+    # indices into this process's CUDA_VISIBLE_DEVICES become the physical ids the child needs
+    assert plan.servers["reference-1"].env["CUDA_VISIBLE_DEVICES"] == "4"
+    assert plan.servers["candidate-1"].env["CUDA_VISIBLE_DEVICES"] == "5"
+    servers = ServerSet(list(plan.servers.values()), startup_timeout_s=1).servers
+    assert set(servers) == set(plan.servers)
+    assert [p.replica for p in plan.side_servers("candidate")] == [0, 1]
