@@ -334,8 +334,9 @@ def drift_frame(drift: list[DriftResult]) -> pd.DataFrame:
     return pd.DataFrame([asdict(d) for d in drift])
 
 
-def write_report(outcome: RunOutcome) -> dict[str, Path]:
-    """Write every report file; returns name -> path."""
+def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str, Path]:
+    """Write every report file; returns name -> path. `decode` (token ids -> text) names and
+    places tokens in report.html; by default the served model's tokenizer, when it loads."""
     out = outcome.run_dir
     out.mkdir(parents=True, exist_ok=True)
     requests = request_frame(outcome.records)
@@ -353,7 +354,7 @@ def write_report(outcome: RunOutcome) -> dict[str, Path]:
     paths["summary.md"].write_text(
         render_markdown(outcome, table), encoding="utf-8", errors="backslashreplace"
     )
-    page = render_html(outcome, summary, deltas, load_decoder(outcome.manifest))
+    page = render_html(outcome, summary, deltas, decode or load_decoder(outcome.manifest))
     paths["report.html"].write_text(page, encoding="utf-8", errors="backslashreplace")
     paths["junit.xml"].write_bytes(render_junit(outcome))
     manifest = dict(outcome.manifest)

@@ -12,6 +12,8 @@ page's own (sorting tables, filtering mismatches), and nothing is fetched from t
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import math
 import re
@@ -714,6 +716,13 @@ selects.forEach(function(s){s.addEventListener("change",applyFilters);});applyFi
 """
 
 
+# Defence in depth behind the escaping: no network, and no script but the page's own.
+POLICY = (
+    "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+    f"script-src 'sha256-{base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()}'"
+)
+
+
 def render_html(
     outcome, summary: pd.DataFrame, deltas: pd.DataFrame, decode: Decode | None = None
 ) -> str:
@@ -723,6 +732,7 @@ def render_html(
             "<!doctype html>",
             '<html lang="en"><head><meta charset="utf-8">',
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">',
             f"<title>rig {esc(outcome.run_id)}: {esc(outcome.verdict.word)}</title>",
             f"<style>{STYLE}</style></head><body>",
             f"<h1>rig: {esc(outcome.scenario_name)} <small>({esc(outcome.run_id)})</small></h1>",
