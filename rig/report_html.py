@@ -278,19 +278,24 @@ def _delta_row(row: pd.Series) -> str:
     return cells
 
 
+def delta_table(deltas: pd.DataFrame) -> str:
+    """Candidate vs reference per level, each delta with its interval (when the metrics give
+    one) or its spread over repeats, and the metrics' word for it."""
+    rows = [_delta_row(row) for _, row in deltas.iterrows()]
+    return _table(["level", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
+
+
 def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
     parts = ['<section id="levels"><h2>Per level</h2>']
     if summary.empty:
         parts.append("<p>No request finished.</p></section>")
         return "\n".join(parts)
     if not deltas.empty:
-        rows = [_delta_row(row) for _, row in deltas.iterrows()]
-        headers = ["level", "repeats"] + [name for _, name in DELTA_COLUMNS]
         parts += [
             "<h3>Candidate against reference</h3>",
             "<p>Positive = the candidate is better (lower latency, higher throughput). With "
             "repeats, a change inside the spread between repeats is reported as noise.</p>",
-            _table(headers, rows),
+            delta_table(deltas),
         ]
     rows = [
         _level_row(level, side, group)
