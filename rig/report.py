@@ -264,15 +264,15 @@ def _pathology_text(pair: PairResult) -> str:
 
 def load_decoder(manifest: dict) -> Decode | None:
     """The served model's tokenizer as ids -> text, to name and place the divergent token in
-    report.html; None when it cannot be loaded offline (the page then shows token ids)."""
-    model = manifest.get("model_path")
-    if not model:
+    report.html; None when the model folder has no tokenizer.json (the page shows token ids)."""
+    path = Path(manifest.get("model_path") or "") / "tokenizer.json"
+    if not path.is_file():
         return None
     try:
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
-    except Exception:  # no tokenizer files here: token ids are still shown
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # an unreadable tokenizer costs the token names, not the report
         return None
     return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
 

@@ -181,7 +181,10 @@ def floor_section(outcome) -> str:
 def evidence_section(outcome) -> str:
     """Which kernel each side ran (the plugin's proof) and the prefix-cache counters."""
     kernel_rows = [
-        _cell(k.side) + _cell(k.kernel) + _cell(f"{k.calls:,}", k.calls, "num") + _cell(k.detail)
+        _cell(k.side, cls="nowrap")
+        + _cell(k.kernel, cls="nowrap")
+        + _cell(f"{k.calls:,}", k.calls, "num")
+        + _cell(k.detail)
         for k in outcome.kernels.values()
     ]
     parts = ['<section id="evidence"><h2>Kernel proof and prefix cache</h2>']
@@ -271,7 +274,7 @@ def _delta_row(row: pd.Series) -> str:
         word = str(row.get(f"{metric}_verdict", ""))
         interval = _interval(row, metric)
         text = esc(number(value, "%", 1) if missing(value) else f"{value:+.1f} %")
-        details = " · ".join(part for part in (interval, word) if part and part != "n/a")
+        details = " · ".join(p for p in (interval, word) if p and p not in ("n/a", "single run"))
         if details:
             text += f"<small>{esc(details)}</small>"
         cells += _cell(text, value, f"num delta-{word.replace(' ', '-')}", raw=True)
@@ -293,8 +296,13 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
     if not deltas.empty:
         parts += [
             "<h3>Candidate against reference</h3>",
-            "<p>Positive = the candidate is better (lower latency, higher throughput). With "
-            "repeats, a change inside the spread between repeats is reported as noise.</p>",
+            "<p>Positive = the candidate is better (lower latency, higher throughput). "
+            + (
+                "A change inside the spread between repeats is reported as noise.</p>"
+                if int(deltas["repeats"].max()) >= 2
+                else "A single run: these deltas carry no spread (<code>workload.repeats: 3"
+                "</code> measures one).</p>"
+            ),
             delta_table(deltas),
         ]
     rows = [
