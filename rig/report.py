@@ -198,8 +198,9 @@ def _mismatch_line(pair: PairResult) -> str:
 
 
 def _md_text(text: str) -> str:
-    """Text from a server or a model outside code spans: no HTML reaches the comment."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Text from a server or a model outside code spans: nothing that opens an HTML tag
+    reaches the comment (a bare `<=` stays readable)."""
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
 
 
 def _fit(lines: list[str], budget: int, what: str) -> list[str]:

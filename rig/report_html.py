@@ -72,6 +72,8 @@ def number(value: float | None, unit: str = "", digits: int | None = None) -> st
         size = abs(value)
         digits = 0 if size >= 100 else 1 if size >= 10 else 2 if size >= 0.01 or size == 0 else 4
     text = f"{value:,.{digits}f}"
+    if text.startswith("-") and not text.strip("-0.,"):
+        text = text[1:]  # -0.0001 shown to 3 digits is 0.000, not -0.000
     return f"{text} {unit}" if unit else text
 
 

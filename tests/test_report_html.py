@@ -43,6 +43,7 @@ def test_numbers_carry_units_and_blanks_are_dashes():
     assert number(12.345, "ms") == "12.3 ms"
     assert number(0.5, "nats") == "0.50 nats"
     assert number(0.0001234, "nats") == "0.0001 nats"
+    assert number(-0.0001, digits=3) == "0.000" and number(-0.5, digits=3) == "-0.500"
     assert number(None, "ms") == number(math.nan) == "—"
     assert missing(None) and missing(math.nan) and not missing(0.0)
 
