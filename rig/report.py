@@ -19,7 +19,9 @@ from rig.compare import PairResult, is_transport_error
 from rig.drift import DriftResult
 from rig.load import RequestRecord
 from rig.metrics import delta_frame, request_frame, summary_frame
-from rig.report_html import DASH, Decode, check, missing, number, render_html
+from rig.report_format import DASH, check, missing, number
+from rig.report_html import render_html
+from rig.report_mismatches import Decode
 from rig.verdict import SideKernel, Verdict
 
 REPORT_FILES = (

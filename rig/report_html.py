@@ -14,26 +14,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import math
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 
-from rig.compare import PairResult
-from rig.load import RequestRecord, TokenLogprob
+from rig.load import RequestRecord
+from rig.report_format import DASH, cell, check, esc, missing, number, table
+from rig.report_mismatches import Decode, mismatches_section
 from rig.report_plots import drift_figure, level_figure
-
-# token ids -> text, from the served model's tokenizer when the report stage can load it
-Decode = Callable[[Sequence[int]], str]
-
-MISMATCH_CARDS = 200  # cards on the page; the rest are in mismatches.csv
-OPEN_CARDS = 20  # the first cards are unfolded
-FOLD_CHARS = 600  # a completion longer than this shows a window around the divergence
-WINDOW_CHARS = 240
-DASH = "—"
 
 # (column of summary.csv, header, unit) of the per-level table
 LEVEL_COLUMNS = (
@@ -54,52 +42,6 @@ DELTA_COLUMNS = (
     ("output_throughput", "output tok/s"),
     ("total_throughput", "total tok/s"),
 )
-
-
-# --- formatting ----------------------------------------------------------------------------
-
-
-def missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
-
-
-def number(value: float | None, unit: str = "", digits: int | None = None) -> str:
-    """A number with its unit, to a precision that fits its size; — when there is none."""
-    if missing(value):
-        return DASH
-    value = float(value)
-    if digits is None:
-        size = abs(value)
-        digits = 0 if size >= 100 else 1 if size >= 10 else 2 if size >= 0.01 or size == 0 else 4
-    text = f"{value:,.{digits}f}"
-    if text.startswith("-") and not text.strip("-0.,"):
-        text = text[1:]  # -0.0001 shown to 3 digits is 0.000, not -0.000
-    return f"{text} {unit}" if unit else text
-
-
-def check(passed: bool) -> str:
-    return "✓" if passed else "✗"
-
-
-def esc(value: object) -> str:
-    return html.escape(DASH if missing(value) else str(value), quote=True)
-
-
-_TEXT = object()  # a cell sorted by its own text
-
-
-def _cell(text: object, sort: object = _TEXT, cls: str = "", raw: bool = False) -> str:
-    """A table cell; `sort` is the raw value the sorting script compares (blank sorts last)."""
-    attrs = "" if sort is _TEXT else f' data-sort="{"" if missing(sort) else esc(sort)}"'
-    attrs += f' class="{cls}"' if cls else ""
-    return f"<td{attrs}>{text if raw else esc(text)}</td>"
-
-
-def _table(headers: Sequence[str], rows: Sequence[str], cls: str = "sortable") -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join(f"<tr>{row}</tr>" for row in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
 
 # --- verdict, gates, A/A floor, proofs -----------------------------------------------------
 
@@ -156,8 +98,8 @@ def floor_section(outcome) -> str:
 
     def show(value, unit):
         if isinstance(value, int) and not isinstance(value, bool):
-            return _cell(f"{value:,}", value, "num")
-        return _cell(number(value, unit, 4 if unit else None), value, "num")
+            return cell(f"{value:,}", value, "num")
+        return cell(number(value, unit, 4 if unit else None), value, "num")
 
     body = [
         f"<tr><td>{esc(name)}</td>{show(cand, unit)}"
@@ -175,7 +117,7 @@ def floor_section(outcome) -> str:
     )
     return (
         f'<section id="floor"><h2>Text and drift against the A/A floor</h2>{note}'
-        + _table(headers, body, "compact")
+        + table(headers, body, "compact")
         + "</section>"
     )
 
@@ -183,23 +125,23 @@ def floor_section(outcome) -> str:
 def evidence_section(outcome) -> str:
     """Which kernel each side ran (the plugin's proof) and the prefix-cache counters."""
     kernel_rows = [
-        _cell(k.side, cls="nowrap")
-        + _cell(k.kernel, cls="nowrap")
-        + _cell(f"{k.calls:,}", k.calls, "num")
-        + _cell(k.detail)
+        cell(k.side, cls="nowrap")
+        + cell(k.kernel, cls="nowrap")
+        + cell(f"{k.calls:,}", k.calls, "num")
+        + cell(k.detail)
         for k in outcome.kernels.values()
     ]
     parts = ['<section id="evidence"><h2>Kernel proof and prefix cache</h2>']
     if kernel_rows:
-        parts.append(_table(["side", "kernel", "prefill calls", "detail"], kernel_rows, "compact"))
+        parts.append(table(["side", "kernel", "prefill calls", "detail"], kernel_rows, "compact"))
     else:
         parts.append("<p>No kernel proof (attached servers, or the run stopped early).</p>")
     hashes = outcome.manifest.get("kernel_file_sha256") or {}
     if hashes:
-        rows = [_cell(name) + _cell(digest, cls="mono") for name, digest in sorted(hashes.items())]
+        rows = [cell(name) + cell(digest, cls="mono") for name, digest in sorted(hashes.items())]
         parts.append(
             f"<details><summary>kernel file hashes ({len(hashes)})</summary>"
-            f"{_table(['file', 'sha256'], rows, 'compact')}</details>"
+            f"{table(['file', 'sha256'], rows, 'compact')}</details>"
         )
     cache = outcome.prefix_cache
     hits = sum(p.hits for p in cache)
@@ -209,16 +151,16 @@ def evidence_section(outcome) -> str:
     )
     if cache:
         rows = [
-            _cell(p.side)
-            + _cell(p.level, p.level, "num")
-            + _cell(p.repeat, p.repeat, "num")
-            + _cell(number(p.queries, digits=0), p.queries, "num")
-            + _cell(number(p.hits, digits=0), p.hits, "num" + (" bad" if p.hits else ""))
+            cell(p.side)
+            + cell(p.level, p.level, "num")
+            + cell(p.repeat, p.repeat, "num")
+            + cell(number(p.queries, digits=0), p.queries, "num")
+            + cell(number(p.hits, digits=0), p.hits, "num" + (" bad" if p.hits else ""))
             for p in cache
         ]
-        table = _table(["side", "level", "repeat", "queries", "hits"], rows)
+        readings = table(["side", "level", "repeat", "queries", "hits"], rows)
         parts.append(
-            f"<details><summary>per level ({len(cache)} readings)</summary>{table}</details>"
+            f"<details><summary>per level ({len(cache)} readings)</summary>{readings}</details>"
         )
     parts.append("</section>")
     return "\n".join(parts)
@@ -236,23 +178,23 @@ def _spread(values: pd.Series) -> float | None:
 
 def _level_row(level: int, side: str, group: pd.DataFrame) -> str:
     """One side at one level; with repeats the mean over repeats and the spread below it."""
-    cells = _cell(level, level, "num") + _cell(side, cls="nowrap")
+    cells = cell(level, level, "num") + cell(side, cls="nowrap")
     requests, ok = int(group["requests"].sum()), int(group["ok"].sum())
-    cells += _cell(f"{ok:,}/{requests:,}", ok, "num" + ("" if ok == requests else " bad"))
+    cells += cell(f"{ok:,}/{requests:,}", ok, "num" + ("" if ok == requests else " bad"))
     if "matches" in group.columns and side == "candidate":
         matches, pairs = group["matches"].sum(min_count=1), group["pairs"].sum(min_count=1)
         text = DASH if missing(matches) else f"{int(matches):,}/{int(pairs):,}"
-        cells += _cell(text, matches, "num")
+        cells += cell(text, matches, "num")
     else:
-        cells += _cell(DASH, None, "num")
+        cells += cell(DASH, None, "num")
     for column, _, unit in LEVEL_COLUMNS:
         if column not in group.columns:
-            cells += _cell(DASH, None, "num")
+            cells += cell(DASH, None, "num")
             continue
         mean = group[column].mean()
         spread = _spread(group[column])
         extra = f"<small>spread {number(spread, '%', 1)}</small>" if spread is not None else ""
-        cells += _cell(esc(number(mean, unit)) + extra, mean, "num", raw=True)
+        cells += cell(esc(number(mean, unit)) + extra, mean, "num", raw=True)
     return cells
 
 
@@ -270,7 +212,7 @@ def _interval(row: pd.Series, metric: str) -> str:
 
 def _delta_row(row: pd.Series) -> str:
     level = int(row["level"])
-    cells = _cell(level, level, "num") + _cell(int(row.get("repeats", 1)), None, "num")
+    cells = cell(level, level, "num") + cell(int(row.get("repeats", 1)), None, "num")
     for metric, _ in DELTA_COLUMNS:
         value = row.get(f"{metric}_delta_pct")
         word = str(row.get(f"{metric}_verdict", ""))
@@ -279,7 +221,7 @@ def _delta_row(row: pd.Series) -> str:
         details = " · ".join(p for p in (interval, word) if p and p not in ("n/a", "single run"))
         if details:
             text += f"<small>{esc(details)}</small>"
-        cells += _cell(text, value, f"num delta-{word.replace(' ', '-')}", raw=True)
+        cells += cell(text, value, f"num delta-{word.replace(' ', '-')}", raw=True)
     return cells
 
 
@@ -287,7 +229,7 @@ def delta_table(deltas: pd.DataFrame) -> str:
     """Candidate vs reference per level, each delta with its interval (when the metrics give
     one) or its spread over repeats, and the metrics' word for it."""
     rows = [_delta_row(row) for _, row in deltas.iterrows()]
-    return _table(["level", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
+    return table(["level", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
 
 
 def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
@@ -314,7 +256,7 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
     headers = ["level", "side", "ok", "identical"] + [
         f"{name} ({unit})" for _, name, unit in LEVEL_COLUMNS
     ]
-    parts += ["<h3>Latency and throughput</h3>", _table(headers, rows)]
+    parts += ["<h3>Latency and throughput</h3>", table(headers, rows)]
     by_level: dict[int, dict[str, list[RequestRecord]]] = {}
     for record in outcome.records:
         if not record.warmup:
@@ -361,14 +303,14 @@ def drift_section(outcome) -> str:
         outcome.drift, key=lambda d: -d.mean_abs if math.isfinite(d.mean_abs) else -math.inf
     )
     rows = [
-        _cell(d.prompt_id)
-        + _cell(f"{d.completion_tokens:,}", d.completion_tokens, "num")
+        cell(d.prompt_id)
+        + cell(f"{d.completion_tokens:,}", d.completion_tokens, "num")
         + "".join(
-            _cell(number(v, digits=4), v, "num")
+            cell(number(v, digits=4), v, "num")
             for v in (d.mean_abs, d.max_abs, d.p99_abs, d.prompt_mean_abs, d.prompt_max_abs)
         )
-        + _cell(d.nonfinite, d.nonfinite, "num" + (" bad" if d.nonfinite else ""))
-        + _cell(d.error or "", d.error or "")
+        + cell(d.nonfinite, d.nonfinite, "num" + (" bad" if d.nonfinite else ""))
+        + cell(d.error or "", d.error or "")
         for d in ordered
     ]
     headers = [
@@ -382,11 +324,11 @@ def drift_section(outcome) -> str:
         "non-finite",
         "error",
     ]
-    parts.append(_table(headers, rows[:DRIFT_ROWS]))
+    parts.append(table(headers, rows[:DRIFT_ROWS]))
     if len(rows) > DRIFT_ROWS:
         parts.append(
             f"<details><summary>the other {len(rows) - DRIFT_ROWS} sequences</summary>"
-            f"{_table(headers, rows[DRIFT_ROWS:])}</details>"
+            f"{table(headers, rows[DRIFT_ROWS:])}</details>"
         )
     parts.append("</section>")
     return "\n".join(parts)
@@ -396,241 +338,18 @@ def faults_section(outcome) -> str:
     if not outcome.faults:
         return ""
     rows = [
-        _cell(f.side)
-        + _cell(f.level, f.level, "num")
-        + _cell(f.kind)
-        + _cell(f.line, cls="mono")
-        + _cell(f.failed_requests, cls="mono")
+        cell(f.side)
+        + cell(f.level, f.level, "num")
+        + cell(f.kind)
+        + cell(f.line, cls="mono")
+        + cell(f.failed_requests, cls="mono")
         for f in outcome.faults
     ]
     return (
         '<section id="faults"><h2>Server-log faults</h2>'
-        + _table(["side", "level", "kind", "log line", "failed requests"], rows)
+        + table(["side", "level", "kind", "log line", "failed requests"], rows)
         + "</section>"
     )
-
-
-# --- mismatches --------------------------------------------------------------------------------
-
-
-def prompt_category(prompt_id: str, categories: dict[str, str]) -> str:
-    """The prompt's category; without one recorded, the id's leading word (`math-03` -> math)."""
-    if prompt_id in categories:
-        return categories[prompt_id]
-    return re.sub(r"(-\d+)+$", "", prompt_id) or prompt_id
-
-
-def label(pair: PairResult) -> str:
-    if pair.divergence is not None and pair.divergence.kind != "unclassified":
-        return pair.divergence.kind.replace("_", "-")
-    return "pathology" if pair.pathologies else "unclassified"
-
-
-@dataclass(frozen=True)
-class Span:
-    """Where the first divergent token sits in one side's text (characters)."""
-
-    start: int
-    end: int
-
-
-def divergent_span(
-    record: RequestRecord | None, pair: PairResult, decode: Decode | None
-) -> Span | None:
-    """The divergent token's characters when the tokenizer can place it, else the first
-    differing character; None when the texts do not diverge (a pathology alone)."""
-    d = pair.divergence
-    if d is None:
-        return None
-    start = d.char_index
-    if record is None:
-        return Span(start, start)
-    if decode is not None and d.token_index is not None and record.token_ids:
-        ids = record.token_ids
-        try:
-            before = decode(ids[: d.token_index])
-            through = decode(ids[: d.token_index + 1])
-        except Exception:  # a tokenizer that cannot decode these ids: fall back to characters
-            before = through = None
-        if (
-            before is not None
-            and record.text.startswith(through)
-            and through.startswith(before)
-            and len(before) <= start
-        ):
-            return Span(len(before), max(len(through), len(before)))
-    return Span(start, min(start + 1, len(record.text)))
-
-
-def completion_html(text: str, span: Span | None) -> str:
-    """One side's completion with the divergent token marked (when there is a divergence); a
-    long one shows a window around the divergence and folds the whole text."""
-    if span is None:
-        return _folded(
-            esc(text[:FOLD_CHARS]) + ("…" if len(text) > FOLD_CHARS else ""), text, esc(text)
-        )
-    token = text[span.start : span.end]
-    mark = f'<mark class="divergence">{esc(token) if token else "∅"}</mark>'
-    full = esc(text[: span.start]) + mark + esc(text[span.end :])
-    lo, hi = max(0, span.start - WINDOW_CHARS), span.end + WINDOW_CHARS
-    window = (
-        ("…" if lo else "")
-        + esc(text[lo : span.start])
-        + mark
-        + esc(text[span.end : hi])
-        + ("…" if hi < len(text) else "")
-    )
-    return _folded(window, text, full)
-
-
-def _folded(window: str, text: str, full: str) -> str:
-    if len(text) <= FOLD_CHARS:
-        return f"<pre>{full}</pre>"
-    return (
-        f"<pre>{window}</pre><details class='whole'><summary>whole completion "
-        f"({len(text):,} characters)</summary><pre>{full}</pre></details>"
-    )
-
-
-def _token_text(token_id: int | None, decode: Decode | None) -> str:
-    if token_id is None:
-        return DASH
-    if decode is None:
-        return f"id {token_id}"
-    try:
-        text = decode([token_id])
-    except Exception:  # not decodable alone: the id says enough
-        return f"id {token_id}"
-    shown = text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥")
-    return f"{shown!r} (id {token_id})"
-
-
-def _topk(
-    position: TokenLogprob | None, own: int | None, other: int | None, decode: Decode | None
-) -> str:
-    if position is None:
-        return "<p>no logprobs at this position</p>"
-    ordered = sorted(
-        position.top.items(),
-        key=lambda item: -(item[1] if item[1] is not None and math.isfinite(item[1]) else -1e30),
-    )
-    rows = []
-    for rank, (token_id, logprob) in enumerate(ordered, start=1):
-        cls = "chosen" if token_id == own else "other-side" if token_id == other else ""
-        rows.append(
-            f'<tr class="{cls}">{_cell(rank, rank, "num")}{_cell(_token_text(token_id, decode))}'
-            f"{_cell(number(logprob, digits=3), logprob, 'num')}</tr>"
-        )
-    return (
-        '<table class="topk"><thead><tr><th>rank</th><th>token</th><th>logprob</th></tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
-
-
-def _position(record: RequestRecord | None, index: int | None) -> TokenLogprob | None:
-    if record is None or index is None or not record.logprobs or index >= len(record.logprobs):
-        return None
-    return record.logprobs[index]
-
-
-def mismatch_card(
-    pair: PairResult,
-    records: dict[tuple[str, str], RequestRecord],
-    category: str,
-    decode: Decode | None,
-    open_: bool,
-) -> str:
-    ref = records.get(("reference", pair.request_id))
-    cand = records.get(("candidate", pair.request_id))
-    d, kind = pair.divergence, label(pair)
-    facts = [f"prompt {pair.prompt_id} ({category})", f"C={pair.level}", f"repeat {pair.repeat}"]
-    if d is not None:
-        facts.append(f"char {d.char_index:,}")
-        if d.token_index is not None:
-            facts.append(f"token {d.token_index:,}")
-        if d.reference_margin is not None:
-            facts.append(f"reference margin {number(d.reference_margin, 'nats', 3)}")
-    summary = (
-        f'<summary><span class="badge {kind}">{kind}</span> <b>{esc(pair.request_id)}</b> '
-        f"<span class='facts'>{esc(' · '.join(facts))}</span></summary>"
-    )
-    sides = []
-    for side, record, own, other in (
-        ("reference", ref, d and d.reference_token_id, d and d.candidate_token_id),
-        ("candidate", cand, d and d.candidate_token_id, d and d.reference_token_id),
-    ):
-        text = record.text if record is not None else ""
-        body = completion_html(text, divergent_span(record, pair, decode))
-        error = f'<p class="error">{esc(record.error)}</p>' if record and record.error else ""
-        topk = ""
-        if d is not None and d.token_index is not None:
-            topk = (
-                f"<p class='topk-title'>top-k at token {d.token_index:,}: "
-                f"{esc(_token_text(own, decode))} chosen</p>"
-                + _topk(_position(record, d.token_index), own, other, decode)
-            )
-        sides.append(f'<div class="side"><h4>{side}</h4>{error}{body}{topk}</div>')
-    pathologies = "".join(
-        f"<li>{esc(p.side)} {esc(p.kind)}: {esc(p.detail)}"
-        f"{' (candidate only)' if p.candidate_only else ''}</li>"
-        for p in pair.pathologies
-    )
-    return (
-        f'<details class="mismatch" data-level="{pair.level}" data-category="{esc(category)}" '
-        f'data-label="{kind}"{" open" if open_ else ""}>{summary}'
-        + (f"<ul class='pathologies'>{pathologies}</ul>" if pathologies else "")
-        + f'<div class="sides">{"".join(sides)}</div></details>'
-    )
-
-
-def _order(pair: PairResult) -> tuple:
-    """Substantive divergences first, then pathologies, then near-ties."""
-    rank = {"substantive": 0, "unclassified": 1, "pathology": 1, "near-tie": 2}[label(pair)]
-    return (rank, pair.level, pair.repeat, pair.index)
-
-
-def _select(name: str, title: str, values: Sequence[object]) -> str:
-    options = "".join(f'<option value="{esc(v)}">{esc(v)}</option>' for v in values)
-    return (
-        f'<label>{esc(title)} <select name="{name}"><option value="">all</option>'
-        f"{options}</select></label>"
-    )
-
-
-def mismatches_section(outcome, decode: Decode | None) -> str:
-    mismatched = sorted((p for p in outcome.pairs if not p.identical), key=_order)
-    categories = getattr(outcome, "prompt_categories", None) or {}
-    records = {(r.side, r.request_id): r for r in outcome.records}
-    counts = pd.Series([label(p) for p in mismatched], dtype=object).value_counts()
-    tally = ", ".join(f"{n} {k}" for k, n in counts.items()) or "none"
-    parts = [
-        f'<section id="mismatches"><h2>Mismatches ({len(mismatched):,})</h2><p>{esc(tally)}. '
-        "Substantive first; each card shows both completions with the first divergent token "
-        "marked, and both sides' top-k logprobs at that token.</p>"
-    ]
-    if not mismatched:
-        parts.append("</section>")
-        return "\n".join(parts)
-    shown = mismatched[:MISMATCH_CARDS]
-    cats = [prompt_category(p.prompt_id, categories) for p in shown]
-    parts.append(
-        '<form class="filters" onsubmit="return false">'
-        + _select("level", "level", sorted({p.level for p in shown}))
-        + _select("category", "prompt category", sorted(set(cats)))
-        + _select("label", "label", sorted({label(p) for p in shown}))
-        + '<output id="filter-count"></output></form>'
-    )
-    parts += [
-        mismatch_card(pair, records, cat, decode, open_=i < OPEN_CARDS)
-        for i, (pair, cat) in enumerate(zip(shown, cats, strict=True))
-    ]
-    if len(mismatched) > len(shown):
-        parts.append(
-            f"<p>{len(mismatched) - len(shown):,} more mismatches are listed in "
-            "mismatches.csv next to this page.</p>"
-        )
-    parts.append("</section>")
-    return "\n".join(parts)
 
 
 # --- the run's facts and the page --------------------------------------------------------------
@@ -648,10 +367,10 @@ def facts_section(outcome) -> str:
         ("rig commit", manifest.get("rig_git_sha")),
         ("timings", ", ".join(f"{k} {v:.1f} s" for k, v in outcome.timings.items())),
     ]
-    body = [_cell(name) + _cell(value if value not in ({}, "") else None) for name, value in rows]
+    body = [cell(name) + cell(value if value not in ({}, "") else None) for name, value in rows]
     return (
         '<section id="facts"><details><summary>Run facts</summary>'
-        + _table(["", ""], body, "compact")
+        + table(["", ""], body, "compact")
         + "<p>Every file of the run (requests.csv, mismatches.csv, drift.csv, manifest.json, "
         "the server logs) sits next to this page.</p></details></section>"
     )

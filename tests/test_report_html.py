@@ -4,14 +4,9 @@ import re
 import pytest
 
 from rig.metrics import delta_frame, summary_frame
-from rig.report_html import (
-    delta_table,
-    divergent_span,
-    missing,
-    number,
-    prompt_category,
-    render_html,
-)
+from rig.report_format import missing, number
+from rig.report_html import delta_table, render_html
+from rig.report_mismatches import divergent_span, prompt_category
 from tests.report_synthetic import LONG_TEXT, XSS_IMG, XSS_SCRIPT, synthetic_outcome
 
 
