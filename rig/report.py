@@ -240,7 +240,8 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     more = len(mismatched) - len(listed)
     if more:
         listed.append(f"… {more} more mismatches: see {DETAIL_POINTER}.")
-    mismatch_block = ["", f"Mismatches ({len(mismatched):,}), substantive first:", "", *listed]
+    title = f"First mismatches, substantive first ({len(mismatched):,} in all):"
+    mismatch_block = ["", title, "", *listed]
     # Per-level rows may take what the mismatch list leaves (a run has at most a few dozen).
     levels = _fit(level_lines, budget - sum(len(x) + 1 for x in mismatch_block), "per-level rows")
     body = levels + (

@@ -131,7 +131,7 @@ def evidence_section(outcome) -> str:
         + cell(k.detail)
         for k in outcome.kernels.values()
     ]
-    parts = ['<section id="evidence"><h2>Kernel proof and prefix cache</h2>']
+    parts = ['<section id="evidence"><h2>Kernel proof</h2>']
     if kernel_rows:
         parts.append(table(["side", "kernel", "prefill calls", "detail"], kernel_rows, "compact"))
     else:
@@ -146,8 +146,9 @@ def evidence_section(outcome) -> str:
     cache = outcome.prefix_cache
     hits = sum(p.hits for p in cache)
     parts.append(
-        f"<p>{check(hits == 0)} prefix-cache hits: {hits:g} in {len(cache)} readings "
-        f"(every side and level; any hit means a prefill skipped the kernel).</p>"
+        f"<h2>Prefix cache</h2><p>{check(hits == 0)} prefix-cache hits: {hits:g} in "
+        f"{len(cache)} readings (every side and level; any hit means a prefill skipped the "
+        "kernel).</p>"
     )
     if cache:
         rows = [
@@ -406,7 +407,7 @@ figcaption{font-size:12px;color:#555}
 pre{white-space:pre-wrap;overflow-wrap:anywhere;margin:0;font:12px/1.4 ui-monospace,Menlo,
  Consolas,monospace;background:#fafafa;border:1px solid #e3e3e3;padding:6px;max-height:28em;
  overflow-y:auto}
-mark.divergence{background:#ffb74d;outline:2px solid #e65100;border-radius:2px}
+mark{background:#ffb74d;outline:2px solid #e65100;border-radius:2px}
 details.mismatch{border:1px solid #ccc;border-radius:6px;margin:8px 0;padding:4px 10px}
 details.mismatch>summary{cursor:pointer;padding:4px 0}
 .facts{color:#555;font-size:12px}

@@ -82,7 +82,7 @@ def completion_html(text: str, span: Span | None) -> str:
             esc(text[:FOLD_CHARS]) + ("…" if len(text) > FOLD_CHARS else ""), text, esc(text)
         )
     token = text[span.start : span.end]
-    mark = f'<mark class="divergence">{esc(token) if token else "∅"}</mark>'
+    mark = f"<mark>{esc(token) if token else '∅'}</mark>"
     full = esc(text[: span.start]) + mark + esc(text[span.end :])
     lo, hi = max(0, span.start - WINDOW_CHARS), span.end + WINDOW_CHARS
     window = (

@@ -138,8 +138,8 @@ def test_html_escapes_errors_faults_and_kernel_details(written):
 def test_html_marks_the_first_differing_character(written):
     page = written["report.html"].read_text(encoding="utf-8")
     # q1 parts at "4" / "<": the mark wraps exactly that character on each side
-    assert 'The answer is <mark class="divergence">4</mark>.' in page
-    assert 'The answer is <mark class="divergence">&lt;</mark>script&gt;' in page
+    assert "The answer is <mark>4</mark>." in page
+    assert "The answer is <mark>&lt;</mark>script&gt;" in page
 
 
 def test_html_leads_with_the_verdict(outcome, written):
@@ -263,7 +263,7 @@ def test_summary_markdown_fits_a_pr_comment_whatever_the_run_size(
     assert lines[2] == "**Run error:** server died: traceback line (+19999 lines in manifest.json)"
     for gate in outcome.verdict.gates:
         assert f"| {gate.name} |" in text
-    assert f"Mismatches ({levels * per_level:,})" in text
+    assert f"First mismatches, substantive first ({levels * per_level:,} in all):" in text
     assert "more mismatches: see report.html and mismatches.csv" in text
     assert lines[-1] == "Full detail: report.html and mismatches.csv next to this summary " + (
         "(`results/run-1/`)."

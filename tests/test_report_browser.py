@@ -30,7 +30,7 @@ CHECK_SCRIPT = """
   r.verdictVisible = visible(verdict);
   r.gates = Array.from(document.querySelectorAll("#gates tbody tr")).filter(visible)
     .map(function (tr) { return [tr.cells[0].textContent.trim(), tr.cells[1].textContent]; });
-  const marks = Array.from(document.querySelectorAll("mark.divergence")).filter(visible);
+  const marks = Array.from(document.querySelectorAll("mark")).filter(visible);
   r.marks = marks.map(function (m) { return m.textContent; });
   r.markColour = marks.length ? getComputedStyle(marks[0]).backgroundColor : null;
   r.xss = window.__rigXss === undefined ? null : window.__rigXss;
