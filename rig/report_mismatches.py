@@ -226,7 +226,7 @@ def mismatches_section(outcome, decode: Decode | None) -> str:
     shown = mismatched[:MISMATCH_CARDS]
     cats = [prompt_category(p.prompt_id, categories) for p in shown]
     parts.append(
-        '<form class="filters" onsubmit="return false">'
+        '<form class="filters">'
         + _select("level", "level", sorted({p.level for p in shown}))
         + _select("category", "prompt category", sorted(set(cats)))
         + _select("label", "label", sorted({label(p) for p in shown}))
