@@ -21,7 +21,7 @@ from rig.load import RequestRecord
 from rig.metrics import delta_frame, request_frame, summary_frame
 from rig.report_format import DASH, check, missing, number
 from rig.report_html import render_html
-from rig.report_mismatches import Decode
+from rig.report_mismatches import Decode, mismatch_order
 from rig.verdict import SideKernel, Verdict
 
 REPORT_FILES = (
@@ -232,7 +232,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
         f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
     )
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
-    mismatched = sorted((p for p in outcome.pairs if not p.identical), key=_mismatch_order)
+    mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
     budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
     level_lines = _level_lines(table) if not table.empty else ["(no request finished)"]
@@ -251,11 +251,6 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     )
     text = "\n".join(head + body + footer) + "\n"
     return text[:SUMMARY_MD_LIMIT]
-
-
-def _mismatch_order(pair: PairResult) -> tuple:
-    kind = pair.divergence.kind if pair.divergence is not None else "pathology"
-    return ({"substantive": 0, "near_tie": 2}.get(kind, 1), pair.level, pair.repeat, pair.index)
 
 
 def _inline(text: str) -> str:

@@ -195,7 +195,7 @@ def mismatch_card(
     )
 
 
-def _order(pair: PairResult) -> tuple:
+def mismatch_order(pair: PairResult) -> tuple:
     """Substantive divergences first, then pathologies, then near-ties."""
     rank = {"substantive": 0, "unclassified": 1, "pathology": 1, "near-tie": 2}[label(pair)]
     return (rank, pair.level, pair.repeat, pair.index)
@@ -210,7 +210,7 @@ def _select(name: str, title: str, values: Sequence[object]) -> str:
 
 
 def mismatches_section(outcome, decode: Decode | None) -> str:
-    mismatched = sorted((p for p in outcome.pairs if not p.identical), key=_order)
+    mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     categories = getattr(outcome, "prompt_categories", None) or {}
     records = {(r.side, r.request_id): r for r in outcome.records}
     counts = pd.Series([label(p) for p in mismatched], dtype=object).value_counts()
