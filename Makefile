@@ -20,7 +20,7 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv e2e test test-gpu tiny-model kernel-check bench-client lint format clean
+.PHONY: venv browser e2e test test-gpu tiny-model kernel-check bench-client lint format clean
 
 venv: $(VENV)/.installed
 
@@ -36,8 +36,16 @@ $(VENV)/.installed: pyproject.toml
 e2e: venv
 	$(PY) -m rig.run $(SCENARIO) $(RUN_FLAGS)
 
-test: venv
+test: venv browser
 	$(PY) -m pytest -m "not gpu" $(ARGS)
+
+# Headless Chromium for the report's browser test: Debian's package, installed when missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "make browser: no chromium on PATH; install it (apt-get install chromium)" >&2; \
+	    exit 1; fi; }
 
 test-gpu: venv
 	$(PY) -m pytest -m gpu $(ARGS)

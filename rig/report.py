@@ -7,11 +7,7 @@ The verdict comes first everywhere; the evidence follows.
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
-import math
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
@@ -23,9 +19,11 @@ from rig.compare import PairResult, is_transport_error
 from rig.drift import DriftResult
 from rig.load import RequestRecord
 from rig.metrics import delta_frame, request_frame, summary_frame
+from rig.report_format import DASH, check, missing, number
+from rig.report_html import render_html
+from rig.report_mismatches import Decode, mismatch_order
 from rig.verdict import SideKernel, Verdict
 
-MISMATCHES_SHOWN = 20
 REPORT_FILES = (
     "requests.csv",
     "summary.csv",
@@ -80,11 +78,12 @@ class RunOutcome:
     aa_drift: list[DriftResult] | None = None
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
+    if missing(value):
+        return DASH
     return f"{value:.{digits}f}"
 
 
@@ -104,11 +103,25 @@ def seeds_table(summary: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
         means["matches"] = summary.groupby(["level", "side"])["matches"].sum(min_count=1)
     table = means.reset_index()
     if not deltas.empty:
-        keep = ["level"] + [c for c in deltas.columns if c.endswith(("_delta_pct", "_verdict"))]
+        keep = ["level"] + [
+            c for c in deltas.columns if c.endswith(("_delta_pct", "_spread_pct", "_verdict"))
+        ]
         table = table.merge(deltas[keep], on="level", how="left")
         reference_rows = table["side"] != "candidate"
         table.loc[reference_rows, [c for c in keep if c != "level"]] = None
     return table
+
+
+# --- summary.md: what fits in a pull-request comment -------------------------------------------
+
+SUMMARY_MD_LIMIT = 65_536  # GitHub's limit on a comment's body, in characters
+LINE_LIMIT = 1_000  # one gate detail or error line at most
+MISMATCHES_LISTED = 10
+DETAIL_POINTER = "report.html and mismatches.csv next to this summary"
+
+
+def _clip(line: str, limit: int = LINE_LIMIT) -> str:
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _verdict_lines(verdict: Verdict) -> list[str]:
@@ -130,71 +143,114 @@ def _verdict_lines(verdict: Verdict) -> list[str]:
         )
     lines += ["", "| gate | result | detail |", "|---|---|---|"]
     lines += [
-        f"| {g.name} | {'pass' if g.passed else '**FAIL**'} | {g.detail} |" for g in verdict.gates
+        f"| {_cell_md(g.name)} | {check(g.passed)} {'pass' if g.passed else '**FAIL**'} "
+        f"| {_cell_md(g.detail)} |"
+        for g in verdict.gates
     ]
-    return lines
+    return [_clip(line) for line in lines]
 
 
-def _markdown_table(frame: pd.DataFrame) -> list[str]:
-    if frame.empty:
-        return ["(no data)"]
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "|" + "---|" * len(frame.columns)
+def _cell_md(value: object) -> str:
+    return _clip(_md_text(str(value)).replace("|", "\\|").replace("\n", " "), 300)
+
+
+def _delta_md(row: pd.Series, metric: str) -> str:
+    value = row.get(f"{metric}_delta_pct")
+    if missing(value):
+        return DASH
+    text = f"{value:+.1f} %"
+    spread = row.get(f"{metric}_spread_pct")
+    if row.get(f"{metric}_verdict") in ("noise", "better", "worse") and not missing(spread):
+        text += f" ±{spread:.1f} ({row[f'{metric}_verdict']})"
+    return text
+
+
+def _level_lines(table: pd.DataFrame) -> list[str]:
+    """One Markdown row per level and side."""
+    header = [
+        "| level | side | ok | identical | TTFT mean | E2EL mean | total tok/s "
+        "| Δ TTFT | Δ E2EL | Δ tok/s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     rows = []
-    for _, row in frame.iterrows():
-        cells = []
-        for value in row:
-            if isinstance(value, float):
-                cells.append(_fmt(value, 2))
-            elif value is None:
-                cells.append("–")
-            else:
-                cells.append(str(value).replace("|", "\\|"))
-        rows.append("| " + " | ".join(cells) + " |")
-    return [header, rule, *rows]
+    for _, row in table.iterrows():
+        matches = row.get("matches")
+        rows.append(
+            f"| {row['level']} | {row['side']} | {int(row['ok'])}/{int(row['requests'])} "
+            f"| {DASH if missing(matches) or row['side'] != 'candidate' else int(matches)} "
+            f"| {number(row['ttft_mean_ms'], 'ms')} | {number(row['e2el_mean_ms'], 'ms')} "
+            f"| {number(row['total_throughput'])} | {_delta_md(row, 'ttft_mean_ms')} "
+            f"| {_delta_md(row, 'e2el_mean_ms')} | {_delta_md(row, 'total_throughput')} |"
+        )
+    return header + rows
+
+
+def _mismatch_line(pair: PairResult) -> str:
+    d = pair.divergence
+    if d is None:
+        return _clip(
+            f"- `{pair.request_id}` ({_md_text(pair.prompt_id)}): {_md_text(_pathology_text(pair))}"
+        )
+    where = f"token {d.token_index}" if d.token_index is not None else f"char {d.char_index}"
+    return _clip(
+        f"- `{pair.request_id}` ({_md_text(pair.prompt_id)}, C={pair.level}) {d.kind} at "
+        f"{where}, margin {_fmt(d.reference_margin, 3)}: ref "
+        f"`{_inline(d.reference_excerpt)}` / cand `{_inline(d.candidate_excerpt)}`"
+    )
+
+
+def _md_text(text: str) -> str:
+    """Text from a server or a model outside code spans: nothing that opens an HTML tag
+    reaches the comment (a bare `<=` stays readable)."""
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+
+
+def _fit(lines: list[str], budget: int, what: str) -> list[str]:
+    """As many of `lines` as fit in `budget` characters; a count of the rest points at the
+    full report."""
+    kept, used = [], 0
+    for index, line in enumerate(lines):
+        rest = len(lines) - index
+        note = f"… {rest} more {what}: see {DETAIL_POINTER}."
+        if used + len(line) + 1 + len(note) + 1 > budget:
+            return kept + [note]
+        kept.append(line)
+        used += len(line) + 1
+    return kept
 
 
 def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
-    lines = [f"## rig: {outcome.scenario_name} ({outcome.run_id})", ""]
+    """summary.md: verdict, gates, per-level table and the first mismatches, never longer
+    than a pull-request comment may be, whatever the size of the run."""
+    head = [f"## rig: {outcome.scenario_name} ({outcome.run_id})", ""]
     if outcome.error:
-        lines += [f"**Run error:** {outcome.error}", ""]
-    lines += _verdict_lines(outcome.verdict)
+        first, *more = outcome.error.strip().splitlines() or [""]
+        rest = f" (+{len(more)} lines in manifest.json)" if more else ""
+        head += [_clip(f"**Run error:** {_md_text(first)}") + rest, ""]
+    head += _verdict_lines(outcome.verdict)
     kernels = ", ".join(
         f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
     )
-    lines += ["", f"Kernels: {kernels or 'not proven'}", ""]
-    columns = [
-        c
-        for c in (
-            "level",
-            "side",
-            "ok",
-            "requests",
-            "matches",
-            "ttft_mean_ms",
-            "e2el_mean_ms",
-            "total_throughput",
-            "ttft_mean_ms_delta_pct",
-            "e2el_mean_ms_delta_pct",
-            "total_throughput_delta_pct",
-        )
-        if c in table.columns
-    ]
-    lines += _markdown_table(table[columns] if columns else table)
-    mismatched = [p for p in outcome.pairs if not p.identical][:5]
-    if mismatched:
-        lines += ["", "First mismatches:", ""]
-        for pair in mismatched:
-            d = pair.divergence
-            if d is None:
-                lines.append(f"- `{pair.request_id}` ({pair.prompt_id}): {_pathology_text(pair)}")
-                continue
-            lines.append(
-                f"- `{pair.request_id}` ({pair.prompt_id}) {d.kind} at token {d.token_index}, "
-                f"margin {_fmt(d.reference_margin, 3)}: ref `{_inline(d.reference_excerpt)}` / "
-                f"cand `{_inline(d.candidate_excerpt)}`"
-            )
-    return "\n".join(lines) + "\n"
+    head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
+    mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
+    footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
+    budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
+    level_lines = _level_lines(table) if not table.empty else ["(no request finished)"]
+    listed = [_mismatch_line(p) for p in mismatched[:MISMATCHES_LISTED]]
+    more = len(mismatched) - len(listed)
+    if more:
+        listed.append(f"… {more} more mismatches: see {DETAIL_POINTER}.")
+    title = f"First mismatches, substantive first ({len(mismatched):,} in all):"
+    mismatch_block = ["", title, "", *listed]
+    # Per-level rows may take what the mismatch list leaves (a run has at most a few dozen).
+    levels = _fit(level_lines, budget - sum(len(x) + 1 for x in mismatch_block), "per-level rows")
+    body = levels + (
+        _fit(mismatch_block, budget - sum(len(x) + 1 for x in levels), "mismatches")
+        if mismatched
+        else []
+    )
+    text = "\n".join(head + body + footer) + "\n"
+    return text[:SUMMARY_MD_LIMIT]
 
 
 def _inline(text: str) -> str:
@@ -205,128 +261,19 @@ def _pathology_text(pair: PairResult) -> str:
     return "; ".join(f"{p.side} {p.kind}: {p.detail}" for p in pair.pathologies) or "mismatch"
 
 
-def _plot_png(summary: pd.DataFrame) -> str | None:
-    """Latency and throughput against concurrency for both sides, as an inline PNG."""
+def load_decoder(manifest: dict) -> Decode | None:
+    """The served model's tokenizer as ids -> text, to name and place the divergent token in
+    report.html; None when the model folder has no tokenizer.json (the page shows token ids)."""
+    path = Path(manifest.get("model_path") or "") / "tokenizer.json"
+    if not path.is_file():
+        return None
     try:
-        import matplotlib
+        from tokenizers import Tokenizer
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # an unreadable tokenizer costs the token names, not the report
         return None
-    if summary.empty:
-        return None
-    means = summary.groupby(["side", "level"]).mean(numeric_only=True).reset_index()
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for side, group in means.groupby("side"):
-        axes[0].plot(group["level"], group["ttft_mean_ms"], marker="o", label=side)
-        axes[1].plot(group["level"], group["e2el_mean_ms"], marker="o", label=side)
-        axes[2].plot(group["level"], group["total_throughput"], marker="o", label=side)
-    for axis, title in zip(
-        axes, ("mean TTFT (ms)", "mean latency (ms)", "total tok/s"), strict=True
-    ):
-        axis.set_title(title)
-        axis.set_xlabel("client concurrency")
-        axis.set_xscale("log", base=2)
-        axis.grid(alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90)
-    plt.close(figure)
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def _html_table(frame: pd.DataFrame) -> str:
-    if frame.empty:
-        return "<p>(no data)</p>"
-    return frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.2f}", na_rep="–")
-
-
-def _side_by_side(pair: PairResult, records: dict[tuple[str, str], RequestRecord]) -> str:
-    ref = records.get(("reference", pair.request_id))
-    cand = records.get(("candidate", pair.request_id))
-    d = pair.divergence
-    cut = d.char_index if d is not None else 0
-
-    def marked(record: RequestRecord | None) -> str:
-        if record is None:
-            return ""
-        text = record.text
-        return (
-            html.escape(text[:cut])
-            + "<mark>"
-            + html.escape(text[cut : cut + 1] or "∅")
-            + "</mark>"
-            + html.escape(text[cut + 1 :])
-        )
-
-    facts = html.escape(_pathology_text(pair))
-    if d is not None:
-        facts = html.escape(
-            f"{d.kind} at char {d.char_index}, token {d.token_index}; reference token "
-            f"{d.reference_token_id} (logprob {_fmt(d.reference_logprob, 3)}), candidate token "
-            f"{d.candidate_token_id} (logprob {_fmt(d.candidate_logprob, 3)}); reference margin "
-            f"{_fmt(d.reference_margin, 3)}; candidate token rank in reference top-k "
-            f"{d.candidate_token_rank_in_reference}, reference token rank in candidate top-k "
-            f"{d.reference_token_rank_in_candidate}"
-        )
-    return (
-        f"<h3>{html.escape(pair.request_id)} — {html.escape(pair.prompt_id)}</h3><p>{facts}</p>"
-        f"<table class='diff'><tr><th>reference</th><th>candidate</th></tr>"
-        f"<tr><td><pre>{marked(ref)}</pre></td><td><pre>{marked(cand)}</pre></td></tr></table>"
-    )
-
-
-def render_html(
-    outcome: RunOutcome, table: pd.DataFrame, summary: pd.DataFrame, drift: pd.DataFrame
-) -> str:
-    verdict_md = "\n".join(_verdict_lines(outcome.verdict))
-    verdict_html = "".join(
-        f"<p>{html.escape(line)}</p>"
-        for line in verdict_md.splitlines()
-        if line and "|" not in line and not line.startswith("**Verdict")
-    )
-    gates = pd.DataFrame([asdict(g) for g in outcome.verdict.gates])
-    plot = _plot_png(summary)
-    records = {(r.side, r.request_id): r for r in outcome.records}
-    mismatches = [p for p in outcome.pairs if not p.identical][:MISMATCHES_SHOWN]
-    status = "PASS" if outcome.verdict.passed else "FAIL"
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>rig {html.escape(outcome.run_id)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1400px}"
-        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}"
-        ".diff td{vertical-align:top;width:50%}pre{white-space:pre-wrap;margin:0}"
-        "mark{background:#f99}.pass{color:#070}.fail{color:#b00}</style></head><body>",
-        f"<h1>rig: {html.escape(outcome.scenario_name)}</h1>",
-        f"<h2 class='{'pass' if outcome.verdict.passed else 'fail'}'>"
-        f"{html.escape(outcome.verdict.word)} — {status}</h2>",
-    ]
-    if outcome.error:
-        parts.append(f"<p class='fail'>Run error: {html.escape(outcome.error)}</p>")
-    parts += [verdict_html, "<h2>Gates</h2>", _html_table(gates)]
-    kernels = pd.DataFrame([asdict(k) for k in outcome.kernels.values()])
-    parts += ["<h2>Kernels</h2>", _html_table(kernels), "<h2>Per level</h2>", _html_table(table)]
-    if plot:
-        parts.append(
-            f"<img alt='latency and throughput vs concurrency' src='data:image/png;base64,{plot}'>"
-        )
-    parts += ["<h2>Teacher-forced drift</h2>", _html_table(drift)]
-    if outcome.prefix_cache:
-        parts += [
-            "<h2>Prefix cache</h2>",
-            _html_table(pd.DataFrame([asdict(p) for p in outcome.prefix_cache])),
-        ]
-    if outcome.faults:
-        parts += [
-            "<h2>Server-log faults</h2>",
-            _html_table(pd.DataFrame([asdict(f) for f in outcome.faults])),
-        ]
-    parts.append(f"<h2>Mismatches ({sum(not p.identical for p in outcome.pairs)})</h2>")
-    parts += [_side_by_side(pair, records) for pair in mismatches]
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
 def render_junit(outcome: RunOutcome) -> bytes:
@@ -386,8 +333,9 @@ def drift_frame(drift: list[DriftResult]) -> pd.DataFrame:
     return pd.DataFrame([asdict(d) for d in drift])
 
 
-def write_report(outcome: RunOutcome) -> dict[str, Path]:
-    """Write every report file; returns name -> path."""
+def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str, Path]:
+    """Write every report file; returns name -> path. `decode` (token ids -> text) names and
+    places tokens in report.html; by default the served model's tokenizer, when it loads."""
     out = outcome.run_dir
     out.mkdir(parents=True, exist_ok=True)
     requests = request_frame(outcome.records)
@@ -405,9 +353,8 @@ def write_report(outcome: RunOutcome) -> dict[str, Path]:
     paths["summary.md"].write_text(
         render_markdown(outcome, table), encoding="utf-8", errors="backslashreplace"
     )
-    paths["report.html"].write_text(
-        render_html(outcome, table, summary, drift), encoding="utf-8", errors="backslashreplace"
-    )
+    page = render_html(outcome, summary, deltas, decode or load_decoder(outcome.manifest))
+    paths["report.html"].write_text(page, encoding="utf-8", errors="backslashreplace")
     paths["junit.xml"].write_bytes(render_junit(outcome))
     manifest = dict(outcome.manifest)
     manifest.update(

@@ -4,10 +4,21 @@ import xml.etree.ElementTree as ET
 import pandas as pd
 import pytest
 
+from rig import report
 from rig.compare import compare_pairs
 from rig.drift import DriftResult
 from rig.load import TokenLogprob
-from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, render_junit, write_report
+from rig.metrics import delta_frame, summary_frame
+from rig.report import (
+    SUMMARY_MD_LIMIT,
+    LevelFault,
+    PrefixCacheDelta,
+    RunOutcome,
+    render_junit,
+    render_markdown,
+    seeds_table,
+    write_report,
+)
 from rig.scenario import GatesConfig
 from rig.verdict import SideKernel, decide
 
@@ -112,7 +123,7 @@ def test_csv_files_hold_one_row_per_thing(outcome, written):
 def test_html_escapes_model_output(written):
     page = written["report.html"].read_text(encoding="utf-8")
     assert SCRIPT not in page
-    assert "<script" not in page.lower()
+    assert page.lower().count("<script") == 1  # the page's own, for sorting and filtering
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
@@ -210,6 +221,55 @@ def test_summary_markdown_lists_gates_and_mismatches(outcome, written):
         assert f"| {gate.name} |" in text
     assert "`q1`" in text and "`q4`" in text
     assert "`q0`" not in text  # identical pairs are not listed
+
+
+def test_summary_markdown_marks_gates_pass_and_fail(outcome, written):
+    text = written["summary.md"].read_text(encoding="utf-8")
+    for gate in outcome.verdict.gates:
+        mark = "✓ pass" if gate.passed else "✗ **FAIL**"
+        assert f"| {gate.name} | {mark} |" in text
+    assert "True" not in text and "None" not in text and "nan" not in text
+
+
+def huge_run(make_record, tmp_path, levels: int, per_level: int) -> RunOutcome:
+    """Every pair diverges, with long texts and a huge error message."""
+    records = []
+    for level in range(1, levels + 1):
+        for index in range(per_level):
+            request_id = f"c{level}-r0-{index:04d}"
+            fields = {"level": level, "index": index, "prompt_id": f"math-{index:02d}"}
+            text = "x" * 3000
+            records.append(make_record("reference", request_id, text=text + "a", **fields))
+            records.append(make_record("candidate", request_id, text=text + "b", **fields))
+    outcome = build_outcome(make_record, tmp_path, records)
+    outcome.error = "server died: " + "traceback line\n" * 20_000
+    return outcome
+
+
+@pytest.mark.parametrize(
+    ("levels", "per_level", "limit"),
+    [(1, 5_000, SUMMARY_MD_LIMIT), (100, 1, 8_000)],
+)
+def test_summary_markdown_fits_a_pr_comment_whatever_the_run_size(
+    make_record, tmp_path, monkeypatch, levels, per_level, limit
+):
+    monkeypatch.setattr(report, "SUMMARY_MD_LIMIT", limit)
+    outcome = huge_run(make_record, tmp_path, levels, per_level)
+    summary = summary_frame(outcome.records, outcome.pairs)
+    text = render_markdown(outcome, seeds_table(summary, delta_frame(summary)))
+    assert len(text) <= limit
+    lines = text.splitlines()
+    assert lines[0] == "## rig: unit (run-1)"
+    assert lines[2] == "**Run error:** server died: traceback line (+19999 lines in manifest.json)"
+    for gate in outcome.verdict.gates:
+        assert f"| {gate.name} |" in text
+    assert f"First mismatches, substantive first ({levels * per_level:,} in all):" in text
+    assert "more mismatches: see report.html and mismatches.csv" in text
+    assert lines[-1] == "Full detail: report.html and mismatches.csv next to this summary " + (
+        "(`results/run-1/`)."
+    )
+    rows_cut = "more per-level rows: see report.html" in text
+    assert rows_cut == (limit < SUMMARY_MD_LIMIT)
 
 
 def test_manifest_is_json_with_the_verdict(outcome, written):

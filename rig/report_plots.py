@@ -1,0 +1,136 @@
+"""The figures of report.html, drawn with matplotlib into inline PNGs (no file, no network):
+per level, both sides' latency distributions as CDFs and the throughput of every repeat; the
+teacher-forced drift per sequence, candidate next to the A/A floor.
+
+A CDF shows the whole distribution (tail included) of hundreds of requests in one small panel,
+where a table of means and three percentiles hides how the two sides differ.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from rig.drift import DriftResult
+from rig.load import RequestRecord
+
+SIDE_COLOURS = {"reference": "#1f5fa8", "candidate": "#c2381f", "A/A": "#7a7a7a"}
+CDF_POINTS = 200  # a long distribution is drawn through this many quantiles
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    _pyplot().close(figure)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _cdf(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(x, F(x)) through at most CDF_POINTS quantiles of `values`."""
+    data = np.sort(np.asarray(values, dtype=float))
+    data = data[np.isfinite(data)]
+    if data.size > CDF_POINTS:
+        q = np.linspace(0.0, 1.0, CDF_POINTS)
+        return np.quantile(data, q), q
+    return data, np.arange(1, data.size + 1) / data.size
+
+
+def _latencies_ms(records: list[RequestRecord]) -> dict[str, list[float]]:
+    ok = [r for r in records if r.error is None]
+    return {
+        "TTFT": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+        "ITL": [x * 1000 for r in ok for x in r.itl_s],
+        "E2EL": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None],
+    }
+
+
+def level_figure(
+    records_by_side: dict[str, list[RequestRecord]], throughput: dict[str, list[float]]
+) -> str:
+    """One level: CDFs of TTFT, ITL and E2EL per side, and total tok/s of each repeat (dots)
+    with their mean (bar). Returns a base64 PNG."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(
+        1, 4, figsize=(12.4, 2.5), gridspec_kw={"width_ratios": [3, 3, 3, 2]}
+    )
+    for side, records in records_by_side.items():
+        colour = SIDE_COLOURS.get(side, "#333333")
+        for axis, values in zip(axes[:3], _latencies_ms(records).values(), strict=True):
+            if values:
+                x, y = _cdf(values)
+                axis.step(x, y, where="post", color=colour, label=side, linewidth=1.4)
+    for axis, name in zip(axes[:3], ("TTFT", "ITL", "E2EL"), strict=True):
+        axis.set_title(f"{name} (ms), CDF", fontsize=9)
+        axis.set_ylim(0, 1.02)
+        axis.grid(alpha=0.3)
+        axis.tick_params(labelsize=8)
+    axes[0].legend(fontsize=8, loc="lower right")
+    bars = axes[3]
+    for position, (side, values) in enumerate(throughput.items()):
+        finite = [v for v in values if math.isfinite(v)]
+        colour = SIDE_COLOURS.get(side, "#333333")
+        if finite:
+            bars.bar(position, float(np.mean(finite)), color=colour, alpha=0.35, width=0.6)
+            bars.scatter([position] * len(finite), finite, color=colour, s=14, zorder=3)
+    bars.set_xticks(range(len(throughput)), list(throughput), fontsize=8)
+    bars.set_title("total tok/s per repeat", fontsize=9)
+    bars.grid(alpha=0.3, axis="y")
+    bars.tick_params(labelsize=8)
+    figure.tight_layout()
+    return _png(figure)
+
+
+def drift_figure(
+    candidate: list[DriftResult],
+    aa: list[DriftResult] | None,
+    thresholds: dict[str, float | None],
+) -> str | None:
+    """CDFs of each sequence's mean |Δlogprob| over completion and over prompt positions, for
+    the candidate and (when measured) the A/A control, with the gate thresholds dashed."""
+    measured = {"candidate": [d for d in candidate if d.error is None]}
+    if aa is not None:
+        measured["A/A"] = [d for d in aa if d.error is None]
+    if not any(measured.values()):
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(1, 2, figsize=(12.4, 2.6))
+    panels = (
+        ("completion positions: mean |Δlogprob| per sequence", "mean_abs", "max_mean_drift"),
+        (
+            "prompt positions: mean |Δlogprob| per sequence",
+            "prompt_mean_abs",
+            "max_mean_prompt_drift",
+        ),
+    )
+    for axis, (title, attribute, gate) in zip(axes, panels, strict=True):
+        for side, results in measured.items():
+            values = [getattr(d, attribute) for d in results]
+            if values:
+                x, y = _cdf(values)
+                axis.step(x, y, where="post", color=SIDE_COLOURS[side], label=side, linewidth=1.4)
+        if thresholds.get(gate) is not None:
+            axis.axvline(
+                thresholds[gate], color="#000000", linestyle="--", linewidth=1, label="gate"
+            )
+        axis.set_xscale("symlog", linthresh=1e-4)
+        axis.set_xlim(left=0)
+        axis.set_ylim(0, 1.02)
+        axis.set_title(title + " (nats), CDF", fontsize=9)
+        axis.grid(alpha=0.3)
+        axis.tick_params(labelsize=8)
+        axis.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    return _png(figure)

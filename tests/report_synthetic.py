@@ -1,0 +1,186 @@
+"""A synthetic run for the report tests: two levels, two repeats, an A/A control, and every
+kind of mismatch a reviewer meets (substantive with XSS payloads in the text, near-tie, a long
+completion, a failed request), built from RequestRecords with token ids and top-k logprobs."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rig.compare import compare_pairs
+from rig.drift import DriftResult
+from rig.load import RequestRecord, TokenLogprob
+from rig.report import LevelFault, PrefixCacheDelta, RunOutcome
+from rig.scenario import GatesConfig
+from rig.verdict import SideKernel, decide
+
+XSS_IMG = '<img src=x onerror="window.__rigXss=1">'
+XSS_SCRIPT = "<script>window.__rigXss=2</script>"
+KERNELS = {
+    "reference": SideKernel("reference", "fla", 120, "vLLM's own chunk_gated_delta_rule"),
+    "candidate": SideKernel("candidate", "ns3", 118, "rig ns3 <b>plugin</b>"),
+}
+
+
+class Vocabulary:
+    """Words as tokens: a text is split into words (each with its trailing space) and every
+    distinct word gets an id, so decode(ids) gives the text back exactly."""
+
+    def __init__(self) -> None:
+        self.words: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        pieces = [piece for piece in text.split(" ")]
+        words = [piece + " " for piece in pieces[:-1]] + [pieces[-1]]
+        ids = []
+        for word in words:
+            if word == "":
+                continue
+            if word not in self.words:
+                self.words.append(word)
+            ids.append(self.words.index(word))
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.words[i] for i in ids)
+
+
+def _logprobs(ids: list[int], alternatives: dict[int, dict[int, float]]) -> list[TokenLogprob]:
+    """Greedy top-k: the chosen token far ahead of an unrelated runner-up, except where
+    `alternatives` gives that position's top-k."""
+    positions = []
+    for index, token in enumerate(ids):
+        top = alternatives.get(index, {token: -0.01, token + 1000: -9.0, token + 1001: -11.5})
+        positions.append(TokenLogprob(token, top.get(token, -0.01), top))
+    return positions
+
+
+def _pair(
+    make_record: Callable[..., RequestRecord],
+    vocabulary: Vocabulary,
+    request: dict,
+    reference_text: str,
+    candidate_text: str,
+    timing: random.Random,
+    near_tie_at: int | None = None,
+    **candidate_fields,
+) -> list[RequestRecord]:
+    records = []
+    for side, text in (("reference", reference_text), ("candidate", candidate_text)):
+        ids = vocabulary.encode(text)
+        alternatives = {}
+        if near_tie_at is not None:
+            ref_id, cand_id = (
+                vocabulary.encode(reference_text)[near_tie_at],
+                vocabulary.encode(candidate_text)[near_tie_at],
+            )
+            own, other = (ref_id, cand_id) if side == "reference" else (cand_id, ref_id)
+            alternatives[near_tie_at] = {own: -0.70, other: -0.78, own + 2000: -3.2}
+        slow = 1.15 if side == "candidate" else 1.0
+        fields = {
+            "prompt_id": request["prompt_id"],
+            "level": request["level"],
+            "repeat": request["repeat"],
+            "index": request["index"],
+            "token_ids": ids,
+            "logprobs": _logprobs(ids, alternatives),
+            "output_tokens": len(ids),
+            "prompt_tokens": 40,
+            "sent_at": 1000.0 + request["index"] * 0.05 + request["repeat"] * 10,
+            "ttft_s": 0.02 * request["level"] * slow * timing.uniform(0.8, 1.4),
+            "itl_s": [0.004 * slow * timing.uniform(0.7, 1.6) for _ in range(max(len(ids) - 1, 0))],
+            "e2el_s": 0.3 * request["level"] * slow * timing.uniform(0.9, 1.3),
+        }
+        if side == "candidate":
+            fields.update(candidate_fields)
+        records.append(make_record(side, request["request_id"], text, **fields))
+    return records
+
+
+LONG_TEXT = " ".join(f"sentence {i} of a long and careful answer." for i in range(120))
+
+
+def synthetic_outcome(
+    make_record: Callable[..., RequestRecord], run_dir: Path, with_aa: bool = True
+) -> tuple[RunOutcome, Vocabulary]:
+    vocabulary = Vocabulary()
+    timing = random.Random(7)
+    prompts = ["math-01", "coding-02", "long-1000-0", "chat-03", "math-02", "coding-05"]
+    records: list[RequestRecord] = []
+    for level in (1, 4):
+        for repeat in (0, 1):
+            for index, prompt_id in enumerate(prompts):
+                request = {
+                    "prompt_id": prompt_id,
+                    "level": level,
+                    "repeat": repeat,
+                    "index": index,
+                    "request_id": f"c{level}-r{repeat}-{index:04d}",
+                }
+                answer = f"The answer to {prompt_id} is 42 and the reasons follow."
+                if prompt_id == "long-1000-0":
+                    answer = LONG_TEXT
+                candidate = answer
+                extra: dict = {}
+                near_tie_at = None
+                if prompt_id == "math-01" and level == 4:
+                    candidate = f"The answer to {prompt_id} is {XSS_IMG} {XSS_SCRIPT} indeed."
+                elif prompt_id == "coding-02" and level == 1:
+                    candidate = answer.replace("reasons", "reasoning")
+                    near_tie_at = vocabulary.encode(answer).index(vocabulary.encode("reasons ")[0])
+                elif prompt_id == "long-1000-0" and repeat == 1:
+                    candidate = LONG_TEXT.replace("sentence 80 of", "sentence eighty of")
+                elif prompt_id == "chat-03" and level == 4 and repeat == 0:
+                    candidate, extra = "", {"error": "http_500: <b>boom</b>", "http_status": 500}
+                records += _pair(
+                    make_record,
+                    vocabulary,
+                    request,
+                    answer,
+                    candidate,
+                    timing,
+                    near_tie_at,
+                    **extra,
+                )
+    reference = [r for r in records if r.side == "reference"]
+    candidate = [r for r in records if r.side == "candidate"]
+    pairs = compare_pairs(reference, candidate, near_tie_margin=0.25, max_tokens=2048)
+    drift = [
+        DriftResult(p, 12, 0.9 * (i + 1), 0.3 * (i + 1), 0.8 * (i + 1), 0.2, 0.6, 0)
+        for i, p in enumerate(prompts)
+    ] + [DriftResult("chat-03", 0, *[float("nan")] * 5, 0, error=f"RuntimeError: {XSS_SCRIPT}")]
+    aa_pairs = aa_drift = None
+    if with_aa:
+        first = [r for r in reference if r.level == 1 and r.repeat == 0]
+        aa_pairs = compare_pairs(first, first, near_tie_margin=0.25, max_tokens=2048)
+        aa_drift = [DriftResult(p, 12, 0.0, 0.0, 0.0, 0.0, 0.0, 0) for p in prompts]
+    gates = GatesConfig(max_mean_drift=0.1, max_mean_prompt_drift=0.25)
+    verdict = decide(gates, pairs, drift, 0.0, KERNELS, "ns3", False, 1, None, aa_pairs, aa_drift)
+    outcome = RunOutcome(
+        run_id="synthetic-ns3",
+        run_dir=run_dir,
+        scenario_name="synthetic",
+        manifest={
+            "scenario": {"name": "synthetic", "gates": gates.model_dump()},
+            "versions": {"vllm": "0.32.0"},
+            "kernel_file_sha256": {"kernels/ns.py": "ab" * 32},
+        },
+        records=records,
+        pairs=pairs,
+        drift=drift,
+        prefix_cache=[
+            PrefixCacheDelta(side, level, repeat, 240.0, 0.0)
+            for side in ("reference", "candidate")
+            for level in (1, 4)
+            for repeat in (0, 1)
+        ],
+        faults=[LevelFault("candidate", 4, "traceback", "<b>Traceback</b> (most recent call)")],
+        kernels=KERNELS,
+        verdict=verdict,
+        aa_pairs=aa_pairs,
+        aa_drift=aa_drift,
+        timings={"wall_s": 81.5},
+        prompt_categories={"long-1000-0": "long"},
+    )
+    return outcome, vocabulary

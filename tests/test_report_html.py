@@ -1,0 +1,138 @@
+import math
+import re
+
+import pytest
+
+from rig.metrics import delta_frame, summary_frame
+from rig.report_format import missing, number
+from rig.report_html import delta_table, render_html
+from rig.report_mismatches import divergent_span, prompt_category
+from tests.report_synthetic import LONG_TEXT, XSS_IMG, XSS_SCRIPT, synthetic_outcome
+
+
+@pytest.fixture(scope="module")
+def synthetic(make_record, tmp_path_factory):
+    return synthetic_outcome(make_record, tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="module")
+def frames(synthetic):
+    outcome, _ = synthetic
+    summary = summary_frame(outcome.records, outcome.pairs)
+    return summary, delta_frame(summary)
+
+
+@pytest.fixture(scope="module")
+def page(synthetic, frames):
+    outcome, vocabulary = synthetic
+    return render_html(outcome, *frames, vocabulary.decode)
+
+
+def visible_text(page: str) -> str:
+    body = re.sub(r"<(script|style)>.*?</\1>", "", page, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", body)
+
+
+def test_numbers_carry_units_and_blanks_are_dashes():
+    assert number(1234.6, "ms") == "1,235 ms"
+    assert number(12.345, "ms") == "12.3 ms"
+    assert number(0.5, "nats") == "0.50 nats"
+    assert number(0.0001234, "nats") == "0.0001 nats"
+    assert number(-0.0001, digits=3) == "0.000" and number(-0.5, digits=3) == "-0.500"
+    assert number(None, "ms") == number(math.nan) == "—"
+    assert missing(None) and missing(math.nan) and not missing(0.0)
+
+
+def test_no_python_literals_reach_the_page(page):
+    text = visible_text(page)
+    for literal in ("True", "False", "None", "nan", "NaN"):
+        assert not re.search(rf"\b{literal}\b", text), literal
+
+
+def test_gates_read_as_check_marks(synthetic, page):
+    outcome, _ = synthetic
+    for gate in outcome.verdict.gates:
+        mark = "✓ pass" if gate.passed else "✗ FAIL"
+        assert f'<td class="mark">{mark}</td><td>{gate.name}</td>' in page
+
+
+def test_model_output_and_server_text_are_escaped(page):
+    for raw in (XSS_IMG, XSS_SCRIPT, "<b>boom</b>", "<b>plugin</b>", "<b>Traceback</b>"):
+        assert raw not in page
+    assert "src=x onerror=&quot;window.__rigXss=1&quot;&gt;" in page
+    assert "&lt;script&gt;window.__rigXss=2&lt;/script&gt;" in page
+    assert page.lower().count("<script") == 1
+
+
+def test_the_page_fetches_nothing(page):
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "default-src 'none'" in page
+
+
+def test_the_divergent_token_is_marked_whole_when_the_tokenizer_places_it(synthetic, page):
+    outcome, vocabulary = synthetic
+    pair = next(p for p in outcome.pairs if p.request_id == "c4-r0-0000")
+    reference = next(r for r in outcome.records if r.request_id == pair.request_id)
+    span = divergent_span(reference, pair, vocabulary.decode)
+    assert reference.text[span.start : span.end] == "42 "
+    without = divergent_span(reference, pair, None)
+    assert (without.start, without.end) == (span.start, span.start + 1)
+    assert "is <mark>42 </mark>and" in page
+
+
+def test_top_k_of_both_sides_at_the_divergence(page):
+    # the near-tie: each side's token first in its own top-k, the other's second
+    assert "top-k at token 8: &#x27;reasons␣&#x27; (id 8) chosen" in page
+    assert "top-k at token 8: &#x27;reasoning␣&#x27; (id 11) chosen" in page
+    assert '<tr class="other-side"><td data-sort="2" class="num">2</td>' in page
+
+
+def card(page: str, attribute: str) -> str:
+    """The first mismatch card whose opening tag holds `attribute`."""
+    cards = page.split('<details class="mismatch"')[1:]
+    return next(c for c in cards if attribute in c.split(">", 1)[0])
+
+
+def test_a_pathology_without_divergence_marks_nothing(page):
+    pathology = card(page, 'data-label="pathology"')
+    assert "<mark" not in pathology
+    assert "http_500: &lt;b&gt;boom&lt;/b&gt;" in pathology
+
+
+def test_long_completions_are_folded_around_the_divergence(page):
+    long = card(page, 'data-category="long"')
+    assert f"whole completion ({len(LONG_TEXT):,} characters)" in long
+    window = long.split("<details class='whole'>")[0]
+    assert len(visible_text(window)) < len(LONG_TEXT) / 2
+
+
+def test_cards_carry_what_the_filters_select(page):
+    labels = re.findall(r'data-level="(\d+)" data-category="(\w+)" data-label="([\w-]+)"', page)
+    assert ("1", "coding", "near-tie") in labels
+    assert ("4", "math", "substantive") in labels
+    assert ("4", "chat", "pathology") in labels
+    assert labels[0][2] == "substantive"  # substantive first
+    assert '<select name="category"><option value="">all</option>' in page
+
+
+def test_prompt_category_prefers_the_recorded_one():
+    assert prompt_category("math-03", {}) == "math"
+    assert prompt_category("long-1000-0", {}) == "long"
+    assert prompt_category("q7", {"q7": "chat"}) == "chat"
+
+
+def test_per_level_deltas_show_the_interval_when_there_is_one(frames, page):
+    summary, deltas = frames
+    assert delta_table(deltas) in page
+    assert "spread ±" in delta_table(deltas)
+    with_ci = deltas.assign(ttft_mean_ms_ci_low_pct=-3.0, ttft_mean_ms_ci_high_pct=4.0)
+    assert "CI [-3.0, +4.0] % · " in delta_table(with_ci)
+    single = delta_table(delta_frame(summary[summary["repeat"] == 0]))
+    assert "<small>" not in single  # no interval, and no "single run" under every cell
+
+
+def test_a_run_without_aa_says_how_to_get_the_floor(make_record, tmp_path):
+    outcome, _ = synthetic_outcome(make_record, tmp_path, with_aa=False)
+    page = render_html(outcome, summary_frame(outcome.records[:0]), delta_frame(summary_frame([])))
+    assert "No A/A control in this run" in page
+    assert "No request finished." in page
