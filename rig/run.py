@@ -465,6 +465,7 @@ class Runner:
             aa_drift=aa_drift,
             timings=state.timings,
             error=error,
+            prompt_categories={p.id: p.category for p in self.prompts if p.category},
         )
 
     def _drift(self, side: str) -> list[DriftResult]:
