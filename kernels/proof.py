@@ -159,7 +159,7 @@ class KernelProof:
             return None
         chosen = "+".join(self.vllm_backends) or "unknown"
         return (
-            f"GDN prefill backend {requested_backend} was requested but {self.backend} ran "
+            f"GDN prefill backend {requested_backend} was requested, but it ran {self.backend} "
             f"(vLLM chose {chosen}, asked for {self.requested_backend})"
         )
 
