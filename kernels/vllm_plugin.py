@@ -103,8 +103,12 @@ class PrefillCounter:
         if self.stats_dir is not None:
             path = self.stats_dir / stats_file_name(record.pid)
             temporary = path.with_name(f".{path.name}.tmp")
-            temporary.write_text(record.to_json())
-            os.replace(temporary, path)
+            try:
+                temporary.write_text(record.to_json())
+                os.replace(temporary, path)
+            except OSError as error:  # the folder went away: keep serving, say so once
+                print(f"rig GDN plugin: stats not kept: {error}", file=sys.stderr, flush=True)
+                self.stats_dir = None
         if self.gauges is not None:
             self.gauges.publish(record)
 

@@ -4,6 +4,7 @@ CPU tensors), capture, and real servers that prove which kernel they ran, in the
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -108,6 +109,30 @@ def test_reference_cpu_op_is_counted_without_numerical_change(plugin_env):
     result = call_like_vllm(FakeLayer(), inputs)
     assert torch.equal(result[0], expected[0]) and torch.equal(result[1], expected[1])
     assert counter.calls == 1
+
+
+def test_first_process_makes_a_private_stats_folder_for_the_server(monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm_plugin, "_private_stats_dir", None)
+    monkeypatch.setenv("RIG_GDN_STATS_DIR", "")  # "" = unset; restored afterwards
+    monkeypatch.setenv("RIG_GDN_SERVER_ID", "")
+    vllm_plugin.share_evidence_folder()
+    folder, server = os.environ["RIG_GDN_STATS_DIR"], os.environ["RIG_GDN_SERVER_ID"]
+    assert Path(folder).is_dir() and Path(folder).name.startswith("rig-gdn-stats-") and server
+    vllm_plugin.share_evidence_folder()  # what the engine core and workers inherit stays
+    assert (os.environ["RIG_GDN_STATS_DIR"], os.environ["RIG_GDN_SERVER_ID"]) == (folder, server)
+    vllm_plugin._private_stats_dir.cleanup()
+
+    monkeypatch.setenv("RIG_GDN_STATS_DIR", str(tmp_path))  # the user's folder is kept
+    vllm_plugin.share_evidence_folder()
+    assert os.environ["RIG_GDN_STATS_DIR"] == str(tmp_path)
+
+
+def test_counting_survives_a_removed_stats_folder(plugin_env, capsys):
+    counter = vllm_plugin.install_cpu(None)
+    shutil.rmtree(plugin_env / "stats")
+    counter.record()
+    counter.record()
+    assert counter.calls == 2 and capsys.readouterr().err.count("stats not kept") == 1
 
 
 class FakeGdnLayer:
