@@ -19,7 +19,6 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY, Gauge
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from kernels.proof import (
     CALLS_LABELS,
@@ -62,9 +61,10 @@ def evidence_families(records: list[PrefillStats]) -> list[GaugeMetricFamily]:
     return [info, calls]
 
 
-class StatsCollector(Collector):
+class StatsCollector:
     """One server's stats files, read at scrape time (records of other servers sharing the
-    folder, or left over from an earlier one, carry another server id and are skipped)."""
+    folder, or left over from an earlier one, carry another server id and are skipped). A
+    prometheus_client collector: an object with collect() and describe()."""
 
     def __init__(self, stats_dir: Path, server: str) -> None:
         self.stats_dir = stats_dir
