@@ -1,26 +1,50 @@
-"""Proof of which GDN prefill kernel a vLLM server really ran.
+"""Proof of which GDN prefill kernel a vLLM server really ran, read from its log and stats
+folder or from its /metrics.
 
-The plugin (kernels/vllm_plugin.py) leaves two kinds of evidence:
-  - a marker line in the server log from every vLLM process it loads in:
+The plugin (kernels/vllm_plugin.py) leaves three kinds of evidence, one set per vLLM process it
+loads in (API server, engine core, workers):
+  - a marker line in the server log:
         [rig-gdn] kernel=ns4 source_sha256=<64 hex> pid=1234 platform=cpu
-  - with RIG_GDN_STATS_DIR set, `gdn-calls-<pid>.json` = {kernel, source_sha256, calls, pid},
-    kept current by each process that executes GDN prefill.
-`read_kernel_proof` joins them: only stats files whose pid has a marker in this log count, so
-a stats folder shared by both sides, or left over from an earlier run, cannot vouch for a server.
+  - `gdn-calls-<pid>.json` in RIG_GDN_STATS_DIR (PrefillStats), written at load (calls 0) and
+    kept current as the process runs GDN prefill;
+  - two gauge families on the API server's /metrics (kernels/proof_metrics.py):
+        rig_gdn_kernel_info{kernel,source_sha256,platform,backend,requested_backend,pid} 1
+        rig_gdn_prefill_calls{kernel,source_sha256,pid} <calls>
+    `backend` is the backend vLLM itself chose (triton, flashinfer, cutedsl, cpu-native),
+    `requested_backend` what vLLM was asked for (auto unless --gdn-prefill-backend said); both
+    are empty in processes that never built the GDN op (API server, engine core).
+`read_kernel_proof` joins log and stats (only stats of pids with a marker in this log count, so a
+shared or stale stats folder cannot vouch for a server); `read_kernel_proof_from_metrics`
+reads the same facts from /metrics, which also works for servers the rig did not start.
 """
 
 import json
 import re
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from kernels.backends import REFERENCE_PREFIX, expected_reference_kernel, reference_kernel_name
 
 MARKER_PREFIX = "[rig-gdn]"
 MARKER_PATTERN = re.compile(
     re.escape(MARKER_PREFIX)
     + r" kernel=(?P<kernel>\S+) source_sha256=(?P<sha>[0-9a-f]{64}) pid=(?P<pid>\d+)"
+    + r"(?: platform=(?P<platform>\S+))?"
 )
 VLLM_BACKEND_PATTERN = re.compile(r"Using \S.* GDN prefill kernel.*")
 STATS_GLOB = "gdn-calls-*.json"
+
+INFO_METRIC = "rig_gdn_kernel_info"
+CALLS_METRIC = "rig_gdn_prefill_calls"
+PID_LABEL = "pid"
+INFO_LABELS = ("kernel", "source_sha256", "platform", "backend", "requested_backend")
+CALLS_LABELS = ("kernel", "source_sha256")
+_SAMPLE_LINE = re.compile(
+    r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
+)
+_LABEL = re.compile(r'(?P<key>[A-Za-z_]\w*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"')
+_LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 def format_marker(kernel: str, source_sha256: str, pid: int, platform: str) -> str:
@@ -36,25 +60,38 @@ def stats_file_name(pid: int) -> str:
 
 @dataclass(frozen=True)
 class PrefillStats:
-    """Contents of one gdn-calls-<pid>.json."""
+    """One vLLM process's evidence: gdn-calls-<pid>.json, or its /metrics samples.
+
+    vllm_backend / requested_backend: vLLM's choice and what it was asked for, "" until the
+    process built the GDN op. server: the id shared by one server's processes.
+    """
 
     kernel: str
     source_sha256: str
     calls: int
     pid: int
+    platform: str = ""
+    vllm_backend: str = ""
+    requested_backend: str = ""
+    server: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
 
 @dataclass(frozen=True)
 class KernelProof:
-    """What one server's log and stats folder say about its GDN prefill kernel.
+    """What one server's evidence says about its GDN prefill kernel.
 
-    marker_kernels: kernel names in the plugin's marker lines (every process, in log order).
-    executed_kernels: kernel names of the processes that ran GDN prefill at least once.
-    source_sha256: distinct hashes from markers and counted stats files.
-    prefill_calls: GDN prefill calls summed over counted stats files.
-    pids: processes that ran GDN prefill at least once.
-    vllm_backend_line: vLLM's own "Using <X> GDN prefill kernel ..." line, or None. With a
-    candidate on CUDA it names the backend that the plugin replaced.
+    marker_kernels: kernels the plugin installed (every process it loaded in).
+    executed_kernels: kernels of the processes that ran GDN prefill at least once.
+    source_sha256: distinct hashes of installed and executed kernels.
+    prefill_calls: GDN prefill calls summed over processes.
+    pids: processes that ran GDN prefill at least once; loaded_pids: every process with evidence.
+    vllm_backend_line: vLLM's own "Using <X> GDN prefill kernel ..." log line (log only).
+    vllm_backends / requested_backends: what vLLM chose / was asked for, in processes that built
+    the GDN op. With a candidate, vllm_backends names the backend the plugin replaced.
+    platforms: "cpu" and/or "cuda". origin: "log" or "metrics".
     """
 
     marker_kernels: tuple[str, ...]
@@ -63,6 +100,11 @@ class KernelProof:
     prefill_calls: int
     pids: tuple[int, ...]
     vllm_backend_line: str | None
+    vllm_backends: tuple[str, ...] = ()
+    requested_backends: tuple[str, ...] = ()
+    platforms: tuple[str, ...] = ()
+    loaded_pids: tuple[int, ...] = ()
+    origin: str = "log"
 
     @property
     def kernel(self) -> str:
@@ -71,18 +113,55 @@ class KernelProof:
         return "+".join(names) if names else "unknown"
 
     @property
+    def backend(self) -> str:
+        """What ran GDN prefill: vllm-triton, vllm-flashinfer, vllm-cutedsl, vllm-cpu-native or
+        the candidate's name; "none" when no process ran it."""
+        return "+".join(self.executed_kernels) or "none"
+
+    @property
+    def requested_backend(self) -> str:
+        """What vLLM was asked for (auto, triton, ...), "unknown" without a process that built
+        the GDN op."""
+        return "+".join(self.requested_backends) or "unknown"
+
+    @property
     def calls(self) -> int:
         return self.prefill_calls
 
     def describe(self) -> str:
         if not self.marker_kernels:
-            return "no rig GDN plugin marker in the log (plugin not loaded?)"
+            where = "in the log" if self.origin == "log" else "on /metrics"
+            return f"no rig GDN plugin evidence {where} (plugin not loaded?)"
         hashes = ", ".join(h[:12] for h in self.source_sha256)
         text = (
             f"{self.kernel}: {self.prefill_calls} GDN prefill calls in pids "
             f"{list(self.pids)}; installed {'+'.join(self.marker_kernels)}; source sha256 {hashes}"
         )
+        if self.vllm_backends:
+            text += (
+                f"; vLLM chose {'+'.join(self.vllm_backends)} (requested {self.requested_backend})"
+            )
         return f"{text}; vLLM: {self.vllm_backend_line}" if self.vllm_backend_line else text
+
+    def reference_backend_problem(self, requested_backend: str) -> str | None:
+        """Why this proof does not show vLLM's own `requested_backend` serving GDN prefill
+        (vllm-cpu-native on the CPU build, which ignores the request); None when it does."""
+        if not self.marker_kernels:
+            return self.describe()
+        if not self.executed_kernels:
+            return f"no process ran GDN prefill ({self.describe()})"
+        platform = "cpu" if "cpu" in self.platforms else "cuda"
+        expected = expected_reference_kernel(requested_backend, platform)
+        if expected is None and len(self.vllm_backends) == 1:
+            expected = reference_kernel_name(self.vllm_backends[0])
+        ran_reference = all(k.startswith(REFERENCE_PREFIX) for k in self.executed_kernels)
+        if (expected is None and ran_reference) or self.executed_kernels == (expected,):
+            return None
+        chosen = "+".join(self.vllm_backends) or "unknown"
+        return (
+            f"GDN prefill backend {requested_backend} was requested, but it ran {self.backend} "
+            f"(vLLM chose {chosen}, asked for {self.requested_backend})"
+        )
 
 
 def _unique(items: list) -> tuple:
@@ -99,17 +178,102 @@ def read_stats(stats_dir: Path) -> list[PrefillStats]:
     return stats
 
 
+def _proof(
+    loaded: list[PrefillStats], counted: list[PrefillStats], backend_line: str | None, origin: str
+) -> KernelProof:
+    """loaded: one entry per installed-kernel evidence (marker or info sample); counted: the
+    processes' call counts."""
+    executed = [s for s in counted if s.calls > 0]
+    built_op = [s for s in loaded if s.vllm_backend]
+    return KernelProof(
+        marker_kernels=_unique([s.kernel for s in loaded]),
+        executed_kernels=_unique([s.kernel for s in executed]),
+        source_sha256=_unique([s.source_sha256 for s in loaded + executed]),
+        prefill_calls=sum(s.calls for s in executed),
+        pids=_unique([s.pid for s in executed]),
+        vllm_backend_line=backend_line,
+        vllm_backends=_unique([s.vllm_backend for s in built_op]),
+        requested_backends=_unique([s.requested_backend for s in built_op]),
+        platforms=_unique([s.platform for s in loaded if s.platform]),
+        loaded_pids=_unique([s.pid for s in loaded]),
+        origin=origin,
+    )
+
+
 def read_kernel_proof(log_path: Path, stats_dir: Path) -> KernelProof:
     text = log_path.read_text(errors="replace") if log_path.is_file() else ""
     markers = [m.groupdict() for m in MARKER_PATTERN.finditer(text)]
-    marker_pids = {int(m["pid"]) for m in markers}
-    counted = [s for s in read_stats(stats_dir) if s.pid in marker_pids and s.calls > 0]
+    stats = {s.pid: s for s in read_stats(stats_dir)}
+    loaded = []
+    for marker in markers:
+        pid = int(marker["pid"])
+        record = stats.get(pid, PrefillStats(marker["kernel"], marker["sha"], 0, pid))
+        loaded.append(
+            PrefillStats(
+                kernel=marker["kernel"],
+                source_sha256=marker["sha"],
+                calls=0,
+                pid=pid,
+                platform=marker["platform"] or record.platform,
+                vllm_backend=record.vllm_backend,
+                requested_backend=record.requested_backend,
+            )
+        )
+    marker_pids = {s.pid for s in loaded}
+    counted = [s for pid, s in stats.items() if pid in marker_pids]
     backend = VLLM_BACKEND_PATTERN.search(text)
-    return KernelProof(
-        marker_kernels=_unique([m["kernel"] for m in markers]),
-        executed_kernels=_unique([s.kernel for s in counted]),
-        source_sha256=_unique([m["sha"] for m in markers] + [s.source_sha256 for s in counted]),
-        prefill_calls=sum(s.calls for s in counted),
-        pids=_unique([s.pid for s in counted]),
-        vllm_backend_line=backend.group(0).strip() if backend else None,
-    )
+    return _proof(loaded, counted, backend.group(0).strip() if backend else None, "log")
+
+
+def _labels(text: str) -> dict[str, str]:
+    labels = {}
+    for match in _LABEL.finditer(text or ""):
+        value = re.sub(r"\\[\\\"n]", lambda m: _LABEL_ESCAPES[m.group(0)], match["value"])
+        labels[match["key"]] = value
+    return labels
+
+
+def read_kernel_proof_from_metrics(metrics_text: str) -> KernelProof:
+    """The proof in a Prometheus text exposition (a vLLM server's /metrics): one info sample
+    per process the plugin loaded in (value 1; 0 marks a superseded label set), one calls
+    sample per process and kernel."""
+    loaded: dict[int, PrefillStats] = {}
+    counted: list[PrefillStats] = []
+    for line in metrics_text.splitlines():
+        match = _SAMPLE_LINE.match(line)
+        if match is None or match["name"] not in (INFO_METRIC, CALLS_METRIC):
+            continue
+        labels = _labels(match["labels"])
+        try:
+            pid, value = int(labels.get(PID_LABEL, "")), float(match["value"])
+        except ValueError:
+            continue
+        kernel, sha = labels.get("kernel", ""), labels.get("source_sha256", "")
+        if match["name"] == CALLS_METRIC:
+            counted.append(PrefillStats(kernel, sha, int(value), pid))
+        elif value == 1:
+            loaded[pid] = PrefillStats(
+                kernel=kernel,
+                source_sha256=sha,
+                calls=0,
+                pid=pid,
+                platform=labels.get("platform", ""),
+                vllm_backend=labels.get("backend", ""),
+                requested_backend=labels.get("requested_backend", ""),
+            )
+    return _proof([loaded[pid] for pid in sorted(loaded)], counted, None, "metrics")
+
+
+def fetch_metrics_text(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> str:
+    """GET <base_url>/metrics (base_url as the rig keeps it: http://host:port, no /v1)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(base_url.rstrip("/") + "/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return response.read().decode("utf-8", errors="replace")
+
+
+def fetch_kernel_proof(
+    base_url: str, api_key: str | None = None, timeout_s: float = 10
+) -> KernelProof:
+    """The proof a running server publishes; read it before the server stops."""
+    return read_kernel_proof_from_metrics(fetch_metrics_text(base_url, api_key, timeout_s))

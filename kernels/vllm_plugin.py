@@ -1,39 +1,52 @@
 """vLLM general plugin: swap the GDN prefill kernel for a candidate, and prove what ran.
 
 Entry point `vllm.general_plugins: rig_gdn_kernels = kernels.vllm_plugin:register`; vLLM calls
-`register()` in the API server, the engine core and every worker, possibly more than once.
+`register()` in the API server (while it parses the command line, before it starts anything),
+the engine core and every worker, possibly more than once.
 
   RIG_GDN_KERNEL=ns4      run candidate ns4 (kernels/registry.py); unset = vLLM's own kernel.
                           An unknown name fails the server at start, naming the known kernels.
-  RIG_GDN_STATS_DIR=dir   each process that runs GDN prefill keeps dir/gdn-calls-<pid>.json.
+  RIG_GDN_STATS_DIR=dir   every process the plugin loads in keeps dir/gdn-calls-<pid>.json.
+                          Unset: the first process makes a private temporary folder and sets
+                          it, so the engine core and workers vLLM starts later inherit it.
   RIG_GDN_CAPTURE=dir     save the first RIG_GDN_CAPTURE_N (4) prefill calls per layer.
 
 CPU build: `vllm._custom_ops.chunk_gated_delta_rule_cpu` is looked up as a module attribute on
 every call, so rebinding it swaps the kernel, compiled mode included. CUDA: an out-of-tree
 `ChunkGatedDeltaRule` (CustomOp name "ChunkGatedDeltaRule") whose forward is the candidate
 whatever --gdn-prefill-backend resolved to. Either way the prefill op, the reference included,
-is wrapped by a call counter, and one marker line per process names the kernel and the sha256
-of its source (kernels/proof.py reads both back).
+is wrapped by a call counter. Evidence, one set per process (kernels/proof.py reads it back): a
+marker line naming the kernel and the sha256 of its source, the stats file, and two gauge
+families on the API server's /metrics (kernels/proof_metrics.py).
 """
 
 import inspect
-import json
 import os
 import sys
+import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from kernels.backends import AUTO, CPU_NATIVE, reference_kernel_name
 from kernels.capture import CaptureWriter, calling_layer_name, capture_writer_from_env
 from kernels.gdn_inputs import GdnInputs
-from kernels.proof import format_marker, stats_file_name
+from kernels.proof import PrefillStats, format_marker, stats_file_name
+from kernels.proof_metrics import (
+    MultiprocessGauges,
+    multiprocess_gauges_from_env,
+    register_collector,
+)
 from kernels.registry import KernelSpec, UnknownKernelError, resolve_kernel, sha256_of_files
 
 KERNEL_ENV = "RIG_GDN_KERNEL"
 STATS_DIR_ENV = "RIG_GDN_STATS_DIR"
-CPU_REFERENCE = "vllm-cpu-native"
+SERVER_ENV = "RIG_GDN_SERVER_ID"  # set by the first process, inherited by the rest of a server
+CPU_REFERENCE = reference_kernel_name(CPU_NATIVE)
+CUDA_REFERENCE_UNBUILT = "vllm-cuda-reference"  # until the GDN op is built and names its backend
 CUDA_OP_NAME = "ChunkGatedDeltaRule"
 CPU_OP_PARAMETERS = (
     "query",
@@ -50,35 +63,80 @@ CPU_OP_PARAMETERS = (
     "eps",
 )
 FLA_L2NORM_EPS = 1e-6
+FLA_BACKEND = "triton"
 FLA_METADATA_BACKENDS = ("triton", "flashinfer")  # vLLM builds FLA chunk_indices for these
 
 _installed_platform: str | None = None
+_private_stats_dir: tempfile.TemporaryDirectory | None = None
 
 
 @dataclass
 class PrefillCounter:
-    """Counts GDN prefill calls of this process and mirrors them to the stats folder."""
+    """This process's evidence: the kernel it installed, vLLM's own backend choice and its GDN
+    prefill calls, mirrored to the stats folder and, where vLLM serves /metrics from
+    PROMETHEUS_MULTIPROC_DIR, to multiprocess gauges."""
 
     kernel: str
     source_sha256: str
+    platform: str
     stats_dir: Path | None
+    server: str = ""
+    vllm_backend: str = ""
+    requested_backend: str = ""
     calls: int = 0
+    gauges: MultiprocessGauges | None = None
+
+    def snapshot(self) -> PrefillStats:
+        return PrefillStats(
+            kernel=self.kernel,
+            source_sha256=self.source_sha256,
+            calls=self.calls,
+            pid=os.getpid(),
+            platform=self.platform,
+            vllm_backend=self.vllm_backend,
+            requested_backend=self.requested_backend,
+            server=self.server,
+        )
+
+    def publish(self) -> None:
+        record = self.snapshot()
+        if self.stats_dir is not None:
+            path = self.stats_dir / stats_file_name(record.pid)
+            temporary = path.with_name(f".{path.name}.tmp")
+            try:
+                temporary.write_text(record.to_json())
+                os.replace(temporary, path)
+            except OSError as error:  # the folder went away: keep serving, say so once
+                print(f"rig GDN plugin: stats not kept: {error}", file=sys.stderr, flush=True)
+                self.stats_dir = None
+        if self.gauges is not None:
+            self.gauges.publish(record)
 
     def record(self) -> None:
         self.calls += 1
-        if self.stats_dir is None:
-            return
-        pid = os.getpid()
-        path = self.stats_dir / stats_file_name(pid)
-        temporary = path.with_name(f".{path.name}.tmp")
-        record = {
-            "kernel": self.kernel,
-            "source_sha256": self.source_sha256,
-            "calls": self.calls,
-            "pid": pid,
-        }
-        temporary.write_text(json.dumps(record))
-        os.replace(temporary, path)
+        self.publish()
+
+    def built_op(self, kernel: str, vllm_backend: str, requested_backend: str) -> None:
+        """The GDN op was built: vLLM chose `vllm_backend` when asked for `requested_backend`."""
+        if kernel != self.kernel:
+            _emit_marker(kernel, self.source_sha256, self.platform)
+        self.kernel, self.vllm_backend, self.requested_backend = (
+            kernel,
+            vllm_backend,
+            requested_backend,
+        )
+        self.publish()
+
+
+def share_evidence_folder() -> None:
+    """Give the processes of this server one stats folder and one server id before vLLM starts
+    its engine core and workers, which inherit the environment."""
+    global _private_stats_dir
+    if not os.environ.get(STATS_DIR_ENV):
+        _private_stats_dir = tempfile.TemporaryDirectory(prefix="rig-gdn-stats-")
+        os.environ[STATS_DIR_ENV] = _private_stats_dir.name
+    if not os.environ.get(SERVER_ENV):
+        os.environ[SERVER_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def _stats_dir() -> Path | None:
@@ -94,6 +152,30 @@ def _emit_marker(kernel: str, source_sha256: str, platform: str) -> None:
     print(format_marker(kernel, source_sha256, os.getpid(), platform), file=sys.stderr, flush=True)
 
 
+def _new_counter(kernel: str, source_sha256: str, platform: str) -> PrefillCounter:
+    counter = PrefillCounter(
+        kernel=kernel,
+        source_sha256=source_sha256,
+        platform=platform,
+        stats_dir=_stats_dir(),
+        server=os.environ.get(SERVER_ENV, ""),
+        gauges=multiprocess_gauges_from_env(),
+    )
+    _emit_marker(kernel, source_sha256, platform)
+    counter.publish()
+    return counter
+
+
+def requested_gdn_backend() -> str:
+    """What vLLM was asked for: `additional_config["gdn_prefill_backend"]`, which
+    --gdn-prefill-backend sets (read the way vLLM 0.22-0.33 read it), else "auto"."""
+    from vllm.config import get_current_vllm_config
+
+    extra = get_current_vllm_config().additional_config
+    requested = extra.get("gdn_prefill_backend", AUTO) if isinstance(extra, dict) else AUTO
+    return str(requested).strip().lower()
+
+
 def selected_kernel() -> KernelSpec | None:
     """The candidate named by RIG_GDN_KERNEL, None when unset; UnknownKernelError otherwise."""
     name = os.environ.get(KERNEL_ENV, "").strip()
@@ -101,7 +183,8 @@ def selected_kernel() -> KernelSpec | None:
 
 
 def register() -> None:
-    """Install the selected kernel (or the counted reference) once per process."""
+    """Install the selected kernel (or the counted reference) once per process, and publish
+    this server's evidence on /metrics."""
     global _installed_platform
     if _installed_platform is not None:
         return
@@ -113,16 +196,20 @@ def register() -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        install_cpu(spec)
-        _installed_platform = "cpu"
+        platform = "cpu"
     elif current_platform.is_cuda_alike():
-        install_cuda(spec)
-        _installed_platform = "cuda"
+        platform = "cuda"
     elif spec is not None:
         raise RuntimeError(
             f"rig GDN plugin: {KERNEL_ENV}={spec.name} needs vLLM's CPU or CUDA platform, "
             f"not {current_platform.device_name}"
         )
+    else:
+        return
+    share_evidence_folder()
+    counter = install_cpu(spec) if platform == "cpu" else install_cuda(spec).rig_counter
+    register_collector(counter.stats_dir, counter.server)
+    _installed_platform = platform
 
 
 def _file_sha256(function: Callable) -> str:
@@ -166,12 +253,31 @@ def install_cpu(spec: KernelSpec | None) -> PrefillCounter:
         kernel, sha, op = CPU_REFERENCE, _file_sha256(current), current
     else:
         kernel, sha, op = spec.name, spec.source_sha256("cpu"), spec.cpu_op()
-    counter = PrefillCounter(kernel, sha, _stats_dir())
+    counter = _new_counter(kernel, sha, "cpu")
     _custom_ops.chunk_gated_delta_rule_cpu = counted_cpu_op(
         op, counter, capture_writer_from_env(kernel)
     )
-    _emit_marker(kernel, sha, "cpu")
+    _register_cpu_backend_recorder(counter)
     return counter
+
+
+def _register_cpu_backend_recorder(counter: PrefillCounter) -> None:
+    """vLLM's CPU GDN layer still builds the (unused) ChunkGatedDeltaRule op: an out-of-tree
+    subclass that only notes what vLLM was asked for; the CPU build always runs cpu-native."""
+    from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import ChunkGatedDeltaRule
+
+    if CUDA_OP_NAME in op_registry_oot:
+        return
+
+    class RigCpuChunkGatedDeltaRule(ChunkGatedDeltaRule):
+        rig_counter = counter
+
+        def __init__(self) -> None:
+            super().__init__()
+            counter.built_op(counter.kernel, CPU_NATIVE, requested_gdn_backend())
+
+    CustomOp.register_oot(name=CUDA_OP_NAME)(RigCpuChunkGatedDeltaRule)
 
 
 def fla_call_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm) -> GdnInputs:
@@ -196,7 +302,7 @@ def fla_call_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2no
 
 def install_cuda(spec: KernelSpec | None) -> type:
     """Register an out-of-tree ChunkGatedDeltaRule that runs the candidate (or counts the
-    backend vLLM chose). Returns the registered class."""
+    backend vLLM chose). Returns the registered class; its `rig_counter` is this process's."""
     from vllm.model_executor.custom_op import CustomOp, op_registry_oot
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import ChunkGatedDeltaRule
 
@@ -206,31 +312,31 @@ def install_cuda(spec: KernelSpec | None) -> type:
         kernel, sha = spec.name, spec.source_sha256("cuda")
         candidate = spec.fla_contract_function()
     else:
-        kernel, sha, candidate = "vllm-cuda-reference", _file_sha256(ChunkGatedDeltaRule), None
-    _emit_marker(kernel, sha, "cuda")
-    stats_dir = _stats_dir()
+        kernel, sha, candidate = CUDA_REFERENCE_UNBUILT, _file_sha256(ChunkGatedDeltaRule), None
+    counter = _new_counter(kernel, sha, "cuda")
     capture = capture_writer_from_env(kernel)
-    counters: dict[str, PrefillCounter] = {}
-
-    def counter_for(name: str) -> PrefillCounter:
-        if name not in counters:
-            counters[name] = PrefillCounter(name, sha, stats_dir)
-            if name != kernel:
-                _emit_marker(name, sha, "cuda")
-        return counters[name]
 
     class RigChunkGatedDeltaRule(ChunkGatedDeltaRule):
         """vLLM's op with the prefill forward replaced (candidate) or counted (reference)."""
 
+        rig_counter = counter
+
         def __init__(self) -> None:
             super().__init__()
             # CustomOp.__init__ and ChunkGatedDeltaRule.__init__ both pick _forward_method.
+            self.rig_vllm_backend = self.gdn_prefill_backend
+            requested = requested_gdn_backend()
             if candidate is None:
-                self.rig_counter = counter_for(f"vllm-{self.gdn_prefill_backend}")
+                vllm_kernel = reference_kernel_name(self.rig_vllm_backend)
+                counter.built_op(vllm_kernel, self.rig_vllm_backend, requested)
                 self.rig_reference_forward = self._forward_method
                 self._forward_method = self.forward_reference_counted
             else:
-                self.rig_counter = counter_for(kernel)
+                counter.built_op(kernel, self.rig_vllm_backend, requested)
+                # The candidate keeps FLA's contract, so the layer must treat it as Triton/FLA:
+                # with "flashinfer" vLLM 0.33 calls FlashInfer directly, past this op, for
+                # prefills that export prefix-cache checkpoints.
+                self.gdn_prefill_backend = FLA_BACKEND
                 self._forward_method = self.forward_candidate
 
         def _capture(self, q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm) -> None:
@@ -252,7 +358,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
                     call.get("use_qk_l2norm_in_kernel", True),
                 )
             result = self.rig_reference_forward(*args, **kwargs)
-            self.rig_counter.record()
+            counter.record()
             return result
 
         def forward_candidate(
@@ -272,7 +378,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
             aiter_prefill_metadata=None,
         ):
             self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
-            if self.gdn_prefill_backend not in FLA_METADATA_BACKENDS:
+            if self.rig_vllm_backend not in FLA_METADATA_BACKENDS:
                 chunk_indices = chunk_offsets = None  # e.g. cutedsl's are not FLA's layout
             result = candidate(
                 q,
@@ -288,7 +394,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                 core_attn_out=core_attn_out,
             )
-            self.rig_counter.record()
+            counter.record()
             return result
 
     CustomOp.register_oot(name=CUDA_OP_NAME)(RigChunkGatedDeltaRule)

@@ -1,8 +1,18 @@
-"""Reading back which kernel a server ran from its log and stats folder."""
+"""Reading back which kernel a server ran from its log and stats folder, or its /metrics."""
 
 import json
 
-from kernels.proof import format_marker, read_kernel_proof, stats_file_name
+import pytest
+
+from kernels.proof import (
+    CALLS_METRIC,
+    INFO_METRIC,
+    PrefillStats,
+    format_marker,
+    read_kernel_proof,
+    read_kernel_proof_from_metrics,
+    stats_file_name,
+)
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -63,3 +73,117 @@ def test_no_plugin_no_proof(tmp_path):
     assert proof.kernel == "unknown" and proof.calls == 0
     assert "not loaded" in proof.describe()
     assert read_kernel_proof(tmp_path / "no.log", stats).marker_kernels == ()
+
+
+def test_stats_name_vllms_backend_choice_in_the_log_proof(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "\n".join(
+            [
+                format_marker("vllm-cuda-reference", SHA_A, 20, "cuda"),
+                format_marker("vllm-cuda-reference", SHA_A, 21, "cuda"),
+                format_marker("vllm-flashinfer", SHA_A, 21, "cuda"),  # the op was built
+            ]
+        )
+    )
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    (stats / stats_file_name(21)).write_text(
+        PrefillStats("vllm-flashinfer", SHA_A, 12, 21, "cuda", "flashinfer", "auto").to_json()
+    )
+    proof = read_kernel_proof(log, stats)
+    assert proof.backend == "vllm-flashinfer" and proof.calls == 12
+    assert proof.vllm_backends == ("flashinfer",) and proof.requested_backend == "auto"
+    assert proof.platforms == ("cuda",) and proof.loaded_pids == (20, 21)
+    assert "vLLM chose flashinfer (requested auto)" in proof.describe()
+    assert "ran vllm-flashinfer" in proof.reference_backend_problem("triton")
+
+
+def info_line(pid, kernel, backend="", requested="", platform="cpu", sha=SHA_A, value=1):
+    labels = (
+        f'backend="{backend}",kernel="{kernel}",pid="{pid}",platform="{platform}",'
+        f'requested_backend="{requested}",source_sha256="{sha}"'
+    )
+    return f"{INFO_METRIC}{{{labels}}} {float(value)}"
+
+
+def calls_line(pid, kernel, calls, sha=SHA_A):
+    return f'{CALLS_METRIC}{{kernel="{kernel}",pid="{pid}",source_sha256="{sha}"}} {float(calls)}'
+
+
+VLLM_METRICS = """# HELP vllm:prefix_cache_hits_total Prefix cache hits
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_metrics_proof_of_a_candidate():
+    text = "\n".join(
+        [
+            VLLM_METRICS,
+            f"# TYPE {INFO_METRIC} gauge",
+            info_line(31, "ns4"),
+            info_line(30, "ns4"),
+            info_line(32, "ns4", backend="", requested=""),
+            info_line(32, "ns4", backend="cpu-native", requested="triton"),
+            info_line(32, "ns4", backend="stale", value=0),  # superseded label set
+            calls_line(30, "ns4", 0),
+            calls_line(31, "ns4", 0),
+            calls_line(32, "ns4", 6),
+        ]
+    )
+    proof = read_kernel_proof_from_metrics(text)
+    assert proof.origin == "metrics"
+    assert proof.kernel == proof.backend == "ns4" and proof.calls == 6
+    assert proof.pids == (32,) and proof.loaded_pids == (30, 31, 32)
+    assert proof.source_sha256 == (SHA_A,)
+    assert proof.vllm_backends == ("cpu-native",) and proof.requested_backend == "triton"
+    assert proof.platforms == ("cpu",) and proof.vllm_backend_line is None
+    assert "ran ns4" in proof.reference_backend_problem("triton")
+
+
+def test_metrics_tell_not_loaded_from_never_called():
+    not_loaded = read_kernel_proof_from_metrics(VLLM_METRICS)
+    assert not_loaded.kernel == "unknown" and not_loaded.marker_kernels == ()
+    assert "not loaded" in not_loaded.describe() and "/metrics" in not_loaded.describe()
+
+    idle = read_kernel_proof_from_metrics(
+        "\n".join([info_line(40, "vllm-cpu-native"), calls_line(40, "vllm-cpu-native", 0)])
+    )
+    assert idle.marker_kernels == ("vllm-cpu-native",) and idle.loaded_pids == (40,)
+    assert idle.calls == 0 and idle.backend == "none" and idle.pids == ()
+    assert "no process ran GDN prefill" in idle.reference_backend_problem("triton")
+
+
+def test_metrics_label_values_are_unescaped_and_order_free():
+    line = f'{CALLS_METRIC}{{source_sha256="{SHA_B}",pid="7",kernel="ns\\"4\\\\x"}} 3 1700000000'
+    proof = read_kernel_proof_from_metrics(line)
+    assert proof.executed_kernels == ('ns"4\\x',) and proof.calls == 3 and proof.pids == (7,)
+
+
+@pytest.mark.parametrize(
+    ("executed", "platform", "vllm_backend", "requested", "problem"),
+    [
+        ("vllm-triton", "cuda", "triton", "triton", None),
+        ("vllm-cpu-native", "cpu", "cpu-native", "triton", None),  # the CPU build ignores it
+        ("vllm-flashinfer", "cuda", "flashinfer", "auto", None),
+        (
+            "vllm-triton",
+            "cuda",
+            "triton",
+            "cutedsl",
+            "cutedsl was requested, but it ran vllm-triton",
+        ),
+        ("ns4", "cuda", "triton", "triton", "ran ns4"),
+        ("ns4", "cuda", "flashinfer", "auto", "ran ns4"),
+    ],
+)
+def test_reference_backend_problem(executed, platform, vllm_backend, requested, problem):
+    text = "\n".join(
+        [
+            info_line(50, executed, vllm_backend, requested, platform),
+            calls_line(50, executed, 4),
+        ]
+    )
+    found = read_kernel_proof_from_metrics(text).reference_backend_problem(requested)
+    assert found == problem if problem is None else problem in found

