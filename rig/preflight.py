@@ -17,6 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernels.backends import UnsupportedVllmError, check_vllm_version
 from rig.placement import PlacementError
 from rig.scenario import SIDES, Scenario
 from rig.servers import (
@@ -30,8 +31,6 @@ from rig.servers import (
 from rig.vllm_entry import installed_vllm_version
 
 GIB = 2**30
-# Versions whose GDN layout and flags the plugin and the rig were run against or read.
-SUPPORTED_VLLM = ((0, 22), (0, 33))
 HUB_TIMEOUT_S = 4.0
 GPU_RESERVE_GIB = 2.0  # CUDA context, activations, a minimal KV cache per server
 # Rough serving speeds for the plan's time estimate: per generated token and per start.
@@ -133,24 +132,14 @@ def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
     return ModelLocation(name, "hub", declared, "vLLM downloads it at start")
 
 
-def _version_tuple(version: str) -> tuple[int, int]:
-    parts = version.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return (0, 0)
-
-
 def check_vllm() -> str | None:
     version = installed_vllm_version()
     if version is None:
         return "vLLM is not installed in this environment (make venv installs it)"
-    low, high = SUPPORTED_VLLM
-    if not low <= _version_tuple(version) <= high:
-        return (
-            f"vLLM {version} is not supported (the rig runs vLLM {low[0]}.{low[1]} to "
-            f"{high[0]}.{high[1]})"
-        )
+    try:
+        check_vllm_version(version)
+    except UnsupportedVllmError as exc:
+        return str(exc)
     return None
 
 
@@ -202,8 +191,9 @@ def preflight(
     """All checks; raises PreflightError with every problem in one line."""
     problems: list[str] = []
     notes: list[str] = []
-    if (problem := check_vllm()) is not None:
-        problems.append(problem)
+    vllm_problem = check_vllm()
+    if vllm_problem is not None:
+        problems.append(vllm_problem)
     gpu_problem = needs_gpus(scenario, hardware)
     if gpu_problem is not None:
         problems.append(gpu_problem)
@@ -221,7 +211,7 @@ def preflight(
             "(pip install flashinfer-python, or use triton = FLA)"
         )
     plan = None
-    if gpu_problem is None:
+    if gpu_problem is None and vllm_problem is None:
         tp = scenario.model.tensor_parallel_size
         try:
             plan = plan_servers(

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from kernels.proof import KernelProof, fetch_kernel_proof, read_kernel_proof
 from rig.cache import GoldenCache, GoldenEntry, golden_key
 from rig.compare import compare_pairs
 from rig.drift import (
@@ -89,6 +90,7 @@ class RunState:
     forced: dict[str, list[ForcedLogprobs]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    proofs: dict[str, KernelProof] = field(default_factory=dict)  # by server label
 
 
 def _counters(targets: dict[str, ServerTarget]) -> dict[str, tuple[float, float]]:
@@ -208,8 +210,24 @@ class Runner:
                 self.run_drift(first_pair)
                 if self.scenario.control.aa and "reference" in first_pair:
                     self.run_aa(first_pair["reference"])
+                self.read_proofs(servers)
                 for label in phase:
                     self.state.timings[f"{label}_server_s"] = time.monotonic() - started
+
+    def read_proofs(self, servers: dict[str, Server]) -> None:
+        """Each server's kernel proof from its /metrics while it still runs: the same way for
+        servers the rig started and servers it attached to. For a server the rig started, its
+        log and stats files stand in when /metrics has no evidence."""
+        for label, server in servers.items():
+            try:
+                proof = fetch_kernel_proof(server.base_url, server.plan.api_key)
+            except (OSError, ValueError) as exc:
+                print(f"rig: no kernel proof on {label}'s /metrics ({exc})", flush=True)
+                proof = None
+            if (proof is None or not proof.marker_kernels) and server.plan.url is None:
+                proof = read_kernel_proof(server.plan.log_path, server.plan.stats_dir)
+            if proof is not None:
+                self.state.proofs[label] = proof
 
     def run_load(self, servers: dict[str, Server]) -> None:
         workload = self.scenario.workload
@@ -386,24 +404,26 @@ class Runner:
 
     @cached_property
     def side_kernels(self) -> dict[str, SideKernel]:
-        """Which kernel each side ran; read once, after the servers have stopped."""
+        """Which kernel each side ran, over all its servers; read once, after the run."""
         proofs = {}
         if self.golden is not None:
             proofs["reference"] = self.golden.kernel
         for side in SIDES:
             if side == "reference" and self.golden is not None:
                 continue
-            plans = self.plan.side_servers(side)
-            if any(plan.url is not None for plan in plans):
-                continue  # attached servers: the rig cannot see their logs
-            from kernels.proof import read_kernel_proof
-
-            found = [(plan, read_kernel_proof(plan.log_path, plan.stats_dir)) for plan in plans]
+            found = []
+            for plan in self.plan.side_servers(side):
+                proof = self.state.proofs.get(plan.label)
+                if proof is None and plan.url is None:  # the server died before it was read
+                    proof = read_kernel_proof(plan.log_path, plan.stats_dir)
+                if proof is not None:
+                    found.append((plan, proof))
+            if not found:
+                continue
             kernel = "+".join(dict.fromkeys(proof.kernel for _, proof in found))
             calls = sum(proof.calls for _, proof in found)
             detail = "; ".join(
-                proof.describe() if len(found) == 1 else f"{plan.label}: {proof.describe()}"
-                for plan, proof in found
+                f"{plan.label} ({proof.origin}): {proof.describe()}" for plan, proof in found
             )
             proofs[side] = SideKernel(side, kernel, calls, detail)
         return proofs

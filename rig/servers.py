@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernels.backends import gdn_backend_args
 from rig.placement import Placement, Slot, place_on_cpus, place_on_gpus, server_label
 from rig.scenario import SIDES, Scenario
 from rig.vllm_entry import installed_vllm_version
@@ -250,11 +251,6 @@ def shared_env(scenario: Scenario, hardware: Hardware) -> dict[str, str]:
     if hardware.gpu_count > 0 and not flashinfer_importable():
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     return env
-
-
-def gdn_backend_args(vllm_version: str | None, backend: str) -> list[str]:
-    """The serve flag that requests a GDN prefill backend."""
-    return ["--gdn-prefill-backend", backend]
 
 
 def flashinfer_importable() -> bool:

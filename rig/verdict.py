@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from kernels.backends import CPU_NATIVE, reference_kernel_name
 from rig.compare import PairResult, is_transport_error
 from rig.drift import DriftResult
 from rig.scenario import GatesConfig
@@ -118,14 +119,15 @@ def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: b
     return Gate("candidate kernel active", True, seen)
 
 
-CPU_REFERENCE = "vllm-cpu-native"  # vLLM's CPU build has one GDN prefill op, whatever is asked
+# vLLM's CPU build has one GDN prefill op and ignores the backend asked for.
+CPU_REFERENCE = reference_kernel_name(CPU_NATIVE)
 
 
 def _reference_backend_gate(kernels: dict[str, SideKernel], backend: str, is_aa: bool) -> Gate:
     """The reference must be the backend the scenario asked for (FLA's Triton by default): on
     an H200, vLLM's own default is FlashInfer, and a fallback would silently change the
     yardstick."""
-    wanted = f"vllm-{backend}"
+    wanted = reference_kernel_name(backend)
     sides = ("reference", "candidate") if is_aa else ("reference",)
     ran = {side: kernels[side].kernel for side in sides if side in kernels}
     wrong = {side: k for side, k in ran.items() if k not in (wanted, CPU_REFERENCE)}

@@ -132,16 +132,21 @@ def test_one_gpu_is_shared_only_when_the_model_fits_twice(local_model, tmp_path)
     assert model_copies(None, gpus(1, free_gib=140), tp=1) == 1
 
 
-def test_unsupported_vllm_and_a_taken_port_are_reported_together(tmp_path, monkeypatch):
+def test_an_unsupported_vllm_is_named_with_the_other_problems(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight_module, "installed_vllm_version", lambda: "0.19.0")
+    with pytest.raises(PreflightError) as caught:
+        preflight(scenario({"name": "./missing"}), tmp_path, Hardware(gpu_count=0, cpu_ids=(0,)))
+    assert "vLLM 0.19.0 is not supported" in str(caught.value)
+    assert "model path ./missing does not exist" in str(caught.value)
+
+
+def test_a_taken_port_is_found_before_any_server_starts(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         taken = scenario(reference={"port": port})
-        with pytest.raises(PreflightError) as caught:
+        with pytest.raises(PreflightError, match=f"port {port} on 127.0.0.1 is already in use"):
             preflight(taken, tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
-    assert "vLLM 0.19.0 is not supported" in str(caught.value)
-    assert f"port {port}" in str(caught.value)
 
 
 def test_flashinfer_backend_without_flashinfer_stops(tmp_path, monkeypatch):
