@@ -36,16 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rig.load import (
-    RequestSpec,
-    SamplingParams,
-    ServerTarget,
-    SideJob,
-    _empty_record,
-    _StreamAccumulator,
-    request_body,
-    run_level,
-)
+from rig.load import run_level
+from rig.records import RequestSpec, SamplingParams, ServerTarget, SideJob, empty_record
+from rig.sse import StreamAccumulator, request_body
 
 SIDES = ("reference", "candidate")
 VLLM_SHIM = (
@@ -206,7 +199,7 @@ def _vllm_bench_in(out: Path, stubs, level, count, tokens, tokenizer) -> list[Ti
 
 def library_timings(library: str, stubs, level, count, tokens) -> list[Timing | None]:
     """The same streamed request on aiohttp or httpx, stamped when the library hands over
-    the bytes, both sides in one event loop: the alternatives rig.load was measured against."""
+    the bytes, both sides in one event loop: what rig.http_client was measured against."""
     import aiohttp
     import httpx
 
@@ -234,9 +227,9 @@ def library_timings(library: str, stubs, level, count, tokens) -> list[Timing | 
 
         async def one(spec):
             async with slots:
-                record = _empty_record(side, spec)
+                record = empty_record(side, spec)
                 start = time.perf_counter()
-                accumulator = _StreamAccumulator(record, start, False)
+                accumulator = StreamAccumulator(record, start, False)
                 body = request_body(spec, "stub")
                 headers = {"X-Request-Id": spec.request_id}
                 url = stub.url + "/v1/completions"

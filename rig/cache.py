@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rig.drift import ForcedLogprobs, ForcedSequence
-from rig.load import RequestRecord
 from rig.prompts import Prompt
+from rig.records import RequestRecord
 from rig.scenario import Scenario
 from rig.servers import STATS_ENV, ServerPlan
 from rig.verdict import SideKernel

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from rig.load import RequestRecord, TokenLogprob
+from rig.records import RequestRecord, TokenLogprob
 
 EXCERPT_CHARS = 40
 DivergenceKind = Literal["near_tie", "substantive", "unclassified"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from rig.load import RequestRecord, ServerTarget
-from rig.workload import cache_salt
+from rig.records import RequestRecord, ServerTarget
+from rig.salts import cache_salt
 
 DRIFT_TIMEOUT_S = 600.0
 

@@ -21,8 +21,8 @@ import pandas as pd
 
 from rig.compare import PairResult, is_transport_error
 from rig.drift import DriftResult
-from rig.load import RequestRecord
 from rig.metrics import delta_frame, request_frame, summary_frame
+from rig.records import RequestRecord
 from rig.verdict import SideKernel, Verdict
 
 MISMATCHES_SHOWN = 20

@@ -33,15 +33,11 @@ from rig.drift import (
     forced_sequences,
     replay_forced,
 )
-from rig.load import (
-    RequestRecord,
-    ServerTarget,
-    SideJob,
-    read_prefix_cache_counters,
-    run_level,
-)
+from rig.load import run_level
 from rig.metrics import delta_frame, summary_frame
+from rig.prefix_cache import read_prefix_cache_counters
 from rig.prompts import Prompt, PromptFileError
+from rig.records import RequestRecord, ServerTarget, SideJob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
 from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, plan_servers, scan_log

@@ -10,7 +10,7 @@ from rig.compare import (
     read_records,
 )
 from rig.compare import main as compare_main
-from rig.load import TokenLogprob
+from rig.records import TokenLogprob
 
 MARGIN = 0.25
 

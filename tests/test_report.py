@@ -6,7 +6,7 @@ import pytest
 
 from rig.compare import compare_pairs
 from rig.drift import DriftResult
-from rig.load import TokenLogprob
+from rig.records import TokenLogprob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, render_junit, write_report
 from rig.scenario import GatesConfig
 from rig.verdict import SideKernel, decide
