@@ -28,11 +28,9 @@ import torch
 
 from kernels.capture import CaptureWriter, calling_layer_name, capture_writer_from_env
 from kernels.gdn_inputs import GdnInputs
-from kernels.proof import format_marker, stats_file_name
+from kernels.proof import KERNEL_ENV, STATS_DIR_ENV, format_marker, stats_file_name
 from kernels.registry import KernelSpec, UnknownKernelError, resolve_kernel, sha256_of_files
 
-KERNEL_ENV = "RIG_GDN_KERNEL"
-STATS_DIR_ENV = "RIG_GDN_STATS_DIR"
 CPU_REFERENCE = "vllm-cpu-native"
 CUDA_OP_NAME = "ChunkGatedDeltaRule"
 CPU_OP_PARAMETERS = (

@@ -15,17 +15,18 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kernels.proof import STATS_DIR_ENV
 from rig.drift import ForcedLogprobs, ForcedSequence
 from rig.prompts import Prompt
 from rig.records import RequestRecord
 from rig.scenario import Scenario
-from rig.servers import STATS_ENV, ServerPlan
+from rig.servers import ServerPlan
 from rig.verdict import SideKernel
 from rig.vllm_entry import installed_vllm_version
 
 DEFAULT_ROOT = Path(".cache/golden")
 SMALL_FILE_BYTES = 64 * 1024 * 1024
-RUN_SPECIFIC_ENV = {STATS_ENV, "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES"}
+RUN_SPECIFIC_ENV = {STATS_DIR_ENV, "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES"}
 RUN_SPECIFIC_ARGS = {"--port", "--host"}
 
 

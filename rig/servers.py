@@ -24,11 +24,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernels.proof import KERNEL_ENV
+from kernels.proof import STATS_DIR_ENV as STATS_ENV
 from rig.scenario import SIDES, Scenario
 
 LOG_TAIL_LINES = 40
-KERNEL_ENV = "RIG_GDN_KERNEL"
-STATS_ENV = "RIG_GDN_STATS_DIR"
 SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
 
 
