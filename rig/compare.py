@@ -50,6 +50,12 @@ class Pathology:
     detail: str
     candidate_only: bool  # absent on the reference for the same request
 
+    @property
+    def gating(self) -> bool:
+        """Whether it counts against the pathologies gate: the candidate alone shows it, or the
+        transport failed (no answer to compare is a failure whichever side it hit)."""
+        return self.candidate_only or is_transport_error(self.kind)
+
 
 @dataclass(frozen=True)
 class PairResult:
@@ -65,6 +71,10 @@ class PairResult:
     @property
     def substantive(self) -> bool:
         return self.divergence is not None and self.divergence.kind != "near_tie"
+
+    @property
+    def gating_pathologies(self) -> list[Pathology]:
+        return [p for p in self.pathologies if p.gating]
 
     def as_row(self) -> dict:
         row = {
