@@ -6,7 +6,7 @@ import pytest
 from rig.compare import Divergence, PairResult, Pathology
 from rig.drift import DriftResult
 from rig.scenario import GatesConfig
-from rig.verdict import SideKernel, count, decide
+from rig.verdict import Gate, GateKind, SideKernel, count, decide, verdict_word
 
 KERNELS = {
     "reference": SideKernel("reference", "fla", 12),
@@ -338,3 +338,13 @@ def test_prompt_position_drift_gate():
     assert not gate(result, "teacher-forced drift").passed
     assert result.word == "NOT equivalent"
     assert verdict(identical(1), [noisy]).passed  # off by default
+
+
+def test_the_word_follows_the_kind_of_the_failed_gate_not_its_name():
+    counts = count(identical(2), [])
+    assert verdict_word([Gate("any name", False, "", GateKind.VALIDITY)], counts, None) == (
+        "INVALID"
+    )
+    assert verdict_word([Gate("any name", False, "")], counts, None) == "NOT equivalent"
+    slower = [Gate("performance", False, "", GateKind.PERFORMANCE)]
+    assert verdict_word(slower, counts, None) == "identical"
