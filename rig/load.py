@@ -35,6 +35,7 @@ import numpy as np
 
 from rig.http_client import ConnectionPool, HttpResponse
 from rig.records import RequestRecord, RequestSpec, ServerTarget, SideJob, empty_record
+from rig.secrets import auth_headers
 from rig.sse import PROTOCOL_ERRORS, StreamAccumulator, request_body
 
 _ERROR_BODY_CHARS = 300
@@ -56,8 +57,7 @@ def _http_request(pool: ConnectionPool, target: ServerTarget, spec: RequestSpec)
         f"Content-Length: {len(body)}",
         f"X-Request-Id: {spec.request_id}",
     ]
-    if target.api_key:
-        lines.append(f"Authorization: Bearer {target.api_key}")
+    lines += [f"{name}: {value}" for name, value in auth_headers(target.api_key).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 

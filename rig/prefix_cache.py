@@ -7,6 +7,9 @@ import re
 from dataclasses import dataclass
 
 import aiohttp
+from pydantic import SecretStr
+
+from rig.secrets import auth_headers
 
 
 @dataclass(frozen=True)
@@ -19,10 +22,10 @@ _COUNTER_LINE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<val
 
 
 async def read_prefix_cache_counters(
-    base_url: str, api_key: str | None = None
+    base_url: str, api_key: SecretStr | None = None
 ) -> PrefixCacheCounters:
     """vLLM's prefix-cache counters from /metrics, summed over label sets (engines, models)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
         session.get(base_url.rstrip("/") + "/metrics", headers=headers) as response,

@@ -12,6 +12,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from pydantic import SecretStr
+
 from rig.salts import validate_cache_salt
 
 Endpoint = Literal["completions", "chat"]
@@ -53,7 +55,7 @@ class ServerTarget:
     side: str  # "reference" | "candidate" | ...
     base_url: str  # http://127.0.0.1:PORT
     model: str  # served model name
-    api_key: str | None = None
+    api_key: SecretStr | None = None  # masked in repr and dumps
 
 
 @dataclass(frozen=True)
