@@ -40,6 +40,7 @@ from rig.prompts import Prompt, PromptFileError
 from rig.records import RequestRecord, ServerTarget, SideJob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
+from rig.secrets import redact_argv, redact_env
 from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, plan_servers, scan_log
 from rig.verdict import Gate, SideKernel, Verdict, decide
 from rig.workload import WorkloadError, level_requests, resolve_prompts, tokenize_body
@@ -530,7 +531,7 @@ def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dic
         "model_path": model_path,
         "servers": {
             side: {
-                "argv": list(p.argv),
+                "argv": redact_argv(p.argv),
                 "env": p.redacted_env(),
                 "base_url": p.base_url,
                 "log": str(p.log_path),
@@ -551,11 +552,9 @@ def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dic
             "cpus": os.cpu_count(),
             "gpus": _gpu_names(),
         },
-        "environment": {
-            k: ("<redacted>" if any(w in k for w in ("KEY", "TOKEN", "SECRET")) else v)
-            for k, v in sorted(os.environ.items())
-            if k.startswith(relevant)
-        },
+        "environment": redact_env(
+            {k: v for k, v in sorted(os.environ.items()) if k.startswith(relevant)}
+        ),
     }
 
 
