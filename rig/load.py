@@ -161,7 +161,8 @@ async def drive_side(
     specs, paced by `offsets` when given.
 
     Every spec yields exactly one record through `emit`; when `level_timeout_s` runs out the
-    requests in flight and those never sent get a "timeout" record.
+    requests in flight and those never sent get a "timeout" record. When `emit` fails (the
+    records cannot be kept, e.g. the disk is full) nothing more is sent and its error is raised.
     """
     warmups = [s for s in job.specs if s.warmup]
     measured = [s for s in job.specs if not s.warmup]
@@ -172,9 +173,18 @@ async def drive_side(
     level_expired = False
     expired_error = f"timeout: level deadline of {level_timeout_s} s passed"
 
+    emit_errors: list[Exception] = []
+
     def finish(record: RequestRecord) -> None:
         emitted.add(record.request_id)
-        emit(record)
+        try:
+            emit(record)
+        except Exception as exc:  # raised from the side below, not lost inside a task
+            emit_errors.append(exc)
+
+    def stop_if_emit_failed() -> None:
+        if emit_errors:
+            raise emit_errors[0]
 
     async def one(spec: RequestSpec) -> None:
         try:
@@ -194,11 +204,13 @@ async def drive_side(
             if paced and offsets is not None:
                 await asyncio.sleep(max(0.0, began + offsets[i] - time.perf_counter()))
             await slots.acquire()
+            stop_if_emit_failed()
             task = asyncio.create_task(one(spec))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
         while in_flight:
-            await asyncio.wait(set(in_flight))
+            await asyncio.wait(set(in_flight), return_when=asyncio.FIRST_COMPLETED)
+            stop_if_emit_failed()
 
     async def run_all() -> None:
         await dispatch(warmups, paced=False)
@@ -219,6 +231,7 @@ async def drive_side(
                 record = empty_record(job.target.side, spec)
                 record.error = expired_error
                 finish(record)
+        stop_if_emit_failed()
     finally:
         for task in in_flight:
             task.cancel()

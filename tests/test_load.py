@@ -221,6 +221,24 @@ def test_inline_isolation_gives_the_same_records():
     ]
 
 
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_records_that_cannot_be_kept_stop_the_level_with_the_error(isolation):
+    """A full disk under on_record: the level stops sending and the error reaches the caller."""
+    kept: list[RequestRecord] = []
+
+    def keep(record: RequestRecord) -> None:
+        if len(kept) == 2:
+            raise OSError(28, "No space left on device")
+        kept.append(record)
+
+    with serve_in_thread(FAST) as stub:
+        with pytest.raises(OSError, match="No space left"):
+            one_side(stub, [spec(i) for i in range(12)], on_record=keep, isolation=isolation)
+        sent = len(stub.log)
+    assert [r.request_id for r in kept] == ["r0", "r1"]
+    assert sent < 12
+
+
 # -- Ctrl-C ------------------------------------------------------------------------------------
 
 _INTERRUPTED_RUN = textwrap.dedent(
