@@ -40,6 +40,16 @@ class RigRun:
         return next(g for g in self.manifest()["verdict"]["gates"] if g["name"] == name)
 
 
+def assert_could_not_be_made(run: RigRun, message: str) -> None:
+    """Exit 2, one `rig: error:` line saying `message`, no traceback, no process left behind
+    (in the rig's process group, or writing into its results folder)."""
+    assert run.returncode == 2, run.stderr[-3000:]
+    (line,) = run.error_lines()
+    assert message in line, line
+    assert "Traceback" not in run.stderr
+    assert run.left_in_group == () and processes_logging_into(run.run_dir) == []
+
+
 def read_records(run_dir: Path) -> list[dict]:
     """Every line of requests.jsonl as JSON: a line cut short fails here."""
     path = run_dir / "requests.jsonl"
