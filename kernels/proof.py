@@ -26,6 +26,8 @@ from pathlib import Path
 
 from kernels.backends import REFERENCE_PREFIX, expected_reference_kernel, reference_kernel_name
 
+KERNEL_ENV = "RIG_GDN_KERNEL"  # which candidate the plugin installs; unset: vLLM's own kernel
+STATS_DIR_ENV = "RIG_GDN_STATS_DIR"  # where each process keeps its gdn-calls-<pid>.json
 MARKER_PREFIX = "[rig-gdn]"
 MARKER_PATTERN = re.compile(
     re.escape(MARKER_PREFIX)

@@ -34,7 +34,13 @@ import torch
 from kernels.backends import AUTO, CPU_NATIVE, reference_kernel_name
 from kernels.capture import CaptureWriter, calling_layer_name, capture_writer_from_env
 from kernels.gdn_inputs import GdnInputs
-from kernels.proof import PrefillStats, format_marker, stats_file_name
+from kernels.proof import (
+    KERNEL_ENV,
+    STATS_DIR_ENV,
+    PrefillStats,
+    format_marker,
+    stats_file_name,
+)
 from kernels.proof_metrics import (
     MultiprocessGauges,
     multiprocess_gauges_from_env,
@@ -42,8 +48,6 @@ from kernels.proof_metrics import (
 )
 from kernels.registry import KernelSpec, UnknownKernelError, resolve_kernel, sha256_of_files
 
-KERNEL_ENV = "RIG_GDN_KERNEL"
-STATS_DIR_ENV = "RIG_GDN_STATS_DIR"
 SERVER_ENV = "RIG_GDN_SERVER_ID"  # set by the first process, inherited by the rest of a server
 CPU_REFERENCE = reference_kernel_name(CPU_NATIVE)
 CUDA_REFERENCE_UNBUILT = "vllm-cuda-reference"  # until the GDN op is built and names its backend

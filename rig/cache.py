@@ -2,7 +2,8 @@
 candidate iteration starts one server instead of two.
 
 The key covers the model (and a digest of its files), the vLLM version, the reference side's
-argv and environment (less ports, pinning and per-run paths), the prompts, the sampling
+argv and environment (less ports, pinning and per-run paths; secrets as digests, since the key's
+fields are stored with the entry), the prompts, the sampling
 parameters and the concurrency levels. A hit restores the reference's records, its
 teacher-forced logprobs and the proof of which kernel it ran.
 """
@@ -15,17 +16,19 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kernels.proof import STATS_DIR_ENV
 from rig.drift import ForcedLogprobs, ForcedSequence
-from rig.load import RequestRecord
 from rig.prompts import Prompt
+from rig.records import RequestRecord
 from rig.scenario import Scenario
-from rig.servers import STATS_ENV, ServerPlan
+from rig.secrets import digest, redact_argv, redact_env
+from rig.servers import ServerPlan
 from rig.verdict import SideKernel
 from rig.vllm_entry import installed_vllm_version
 
 DEFAULT_ROOT = Path(".cache/golden")
 SMALL_FILE_BYTES = 64 * 1024 * 1024
-RUN_SPECIFIC_ENV = {STATS_ENV, "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES"}
+RUN_SPECIFIC_ENV = {STATS_DIR_ENV, "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES"}
 RUN_SPECIFIC_ARGS = {"--port", "--host"}
 
 
@@ -65,8 +68,11 @@ def golden_key(
         "model": scenario.model.name,
         "model_digest": model_digest(model_path),
         "vllm": installed_vllm_version(),
-        "argv": _portable_argv(reference.argv),
-        "env": {k: v for k, v in sorted(reference.env.items()) if k not in RUN_SPECIFIC_ENV},
+        "argv": redact_argv(_portable_argv(reference.argv), mask=digest),
+        "env": redact_env(
+            {k: v for k, v in sorted(reference.env.items()) if k not in RUN_SPECIFIC_ENV},
+            mask=digest,
+        ),
         "prompts": [[p.id, p.text, p.messages_as_dicts()] for p in prompts],
         "workload": workload.model_dump(
             mode="json",

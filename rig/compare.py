@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from rig.load import RequestRecord, TokenLogprob
+from rig.records import RequestRecord, TokenLogprob
 
 EXCERPT_CHARS = 40
 DivergenceKind = Literal["near_tie", "substantive", "unclassified"]
@@ -50,6 +50,12 @@ class Pathology:
     detail: str
     candidate_only: bool  # absent on the reference for the same request
 
+    @property
+    def gating(self) -> bool:
+        """Whether it counts against the pathologies gate: the candidate alone shows it, or the
+        transport failed (no answer to compare is a failure whichever side it hit)."""
+        return self.candidate_only or is_transport_error(self.kind)
+
 
 @dataclass(frozen=True)
 class PairResult:
@@ -65,6 +71,10 @@ class PairResult:
     @property
     def substantive(self) -> bool:
         return self.divergence is not None and self.divergence.kind != "near_tie"
+
+    @property
+    def gating_pathologies(self) -> list[Pathology]:
+        return [p for p in self.pathologies if p.gating]
 
     def as_row(self) -> dict:
         row = {

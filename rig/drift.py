@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from rig.load import RequestRecord, ServerTarget
-from rig.workload import cache_salt
+from rig.records import RequestRecord, ServerTarget
+from rig.salts import cache_salt
+from rig.secrets import auth_headers
 
 DRIFT_TIMEOUT_S = 600.0
 
@@ -99,10 +100,6 @@ async def _json_answer(response: aiohttp.ClientResponse, what: str) -> dict:
     return json.loads(text)
 
 
-def _headers(target: ServerTarget) -> dict[str, str]:
-    return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-
-
 async def tokenize(
     session: aiohttp.ClientSession, target: ServerTarget, body: dict
 ) -> tuple[int, ...]:
@@ -110,7 +107,7 @@ async def tokenize(
     async with session.post(
         f"{target.base_url}/tokenize",
         json={"model": target.model, **body},
-        headers=_headers(target),
+        headers=auth_headers(target.api_key),
     ) as response:
         payload = await _json_answer(response, "/tokenize")
     return tuple(payload["tokens"])
@@ -138,7 +135,7 @@ async def teacher_forced_logprobs(
         "cache_salt": salt,
     }
     async with session.post(
-        f"{target.base_url}/v1/completions", json=body, headers=_headers(target)
+        f"{target.base_url}/v1/completions", json=body, headers=auth_headers(target.api_key)
     ) as response:
         payload = await _json_answer(response, "prompt_logprobs request")
     choice = payload["choices"][0]

@@ -1,9 +1,9 @@
 """Load: send the same ordered greedy requests to every side at once and time each token.
 
-Requests go over a small HTTP/1.1 client that reads the kernel's receive time stamp of every
-read (see "HTTP/1.1 with kernel receive time stamps" below), so a busy client does not inflate
-the latencies it reports: against the paced stub its p99 TTFT error at C=200 on both sides is
-about 0.02 ms, where aiohttp's is 130 ms and httpx's seconds (benchmarks/README.md).
+Requests go over rig.http_client, which reads the kernel's receive time stamp of every read,
+so a busy client does not inflate the latencies it reports: against the paced stub its p99
+TTFT error at C=200 on both sides is about 0.02 ms, where aiohttp's is 130 ms and httpx's
+seconds (benchmarks/README.md). rig.sse builds each body and folds the answer into a record.
 
 Where there are cores for it, each side (reference, candidate, ...) is driven by its own spawned
 process with its own event loop. One loop on one core keeps the time stamps exact up to ~23k
@@ -13,606 +13,36 @@ fewer than two cores per side one loop does better (`run_level(isolation=...)`).
 main module must be importable without side effects (spawn re-imports it): guard scripts with
 `if __name__ == "__main__":`.
 
-Timing follows `vllm bench serve`, on the monotonic clock (`time.perf_counter`):
-TTFT = first SSE message with non-empty `choices` minus the send time, ITL = gaps between
-such messages, E2EL = last such message minus the send time.
-
-A failed request becomes a record with `error` set ("<kind>: <detail>", kinds: timeout,
-http_<status>, connection, malformed_sse, cancelled); only a crash of the client itself raises.
+A failed request becomes a record with `error` set (rig.records); only a crash of the client
+itself raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
-import itertools
 import json
 import multiprocessing
 import os
 import queue
-import re
 import signal
-import socket
-import struct
 import time
 import traceback
-import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import aiohttp
 import numpy as np
 
+from rig.http_client import ConnectionPool, HttpResponse
 from rig.placement import server_label
+from rig.records import RequestRecord, RequestSpec, ServerTarget, SideJob, empty_record
+from rig.secrets import auth_headers
+from rig.sse import PROTOCOL_ERRORS, StreamAccumulator, request_body
 
-Endpoint = Literal["completions", "chat"]
-
-MAX_CACHE_SALT_CHARS = 128
-CACHE_SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
 _ERROR_BODY_CHARS = 300
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    seed: int = 0
-    top_logprobs: int = 0  # 0: do not ask for logprobs
-    chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": False}
-    extra_body: dict = field(default_factory=dict)  # merged into the JSON body last
-
-
-def validate_cache_salt(salt: str) -> None:
-    """vLLM's rules (vllm.entrypoints.generate.base.protocol.validate_cache_salt)."""
-    if not isinstance(salt, str) or not salt:
-        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
-    if len(salt) > MAX_CACHE_SALT_CHARS:
-        raise ValueError(f"cache_salt {salt!r} is longer than {MAX_CACHE_SALT_CHARS} characters")
-    if any(char in salt for char in CACHE_SALT_FORBIDDEN):
-        raise ValueError(f"cache_salt {salt!r} contains one of '@', '/', '\\', NUL")
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    request_id: str  # unique within the run
-    prompt_id: str
-    level: int  # the concurrency level this request belongs to
-    repeat: int
-    index: int  # position in the level's ordered list
-    endpoint: Endpoint
-    prompt: str | list[int] | None  # completions: text or token ids
-    messages: tuple[dict, ...] | None  # chat
-    cache_salt: str  # the caller guarantees uniqueness; vLLM's rules are checked here
-    sampling: SamplingParams
-    warmup: bool = False  # sent before the measured requests of its side; flagged in the record
-
-    def __post_init__(self) -> None:
-        validate_cache_salt(self.cache_salt)
-        if self.endpoint == "completions" and self.prompt is None:
-            raise ValueError(f"request {self.request_id}: a completions request needs a prompt")
-        if self.endpoint == "chat" and not self.messages:
-            raise ValueError(f"request {self.request_id}: a chat request needs messages")
-
-
-@dataclass(frozen=True)
-class ServerTarget:
-    side: str  # "reference" | "candidate" | ...
-    base_url: str  # http://127.0.0.1:PORT
-    model: str  # served model name
-    api_key: str | None = None
-    replica: int = 0  # which reference/candidate pair this server belongs to
-
-    @property
-    def label(self) -> str:
-        return server_label(self.side, self.replica)
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: dict[int, float]  # top-k alternatives: token id -> logprob
-
-
-@dataclass
-class RequestRecord:
-    side: str
-    request_id: str
-    prompt_id: str
-    level: int
-    repeat: int
-    index: int
-    cache_salt: str
-    sent_at: float  # wall clock (time.time()) when sent, for reports
-    ttft_s: float | None
-    itl_s: list[float]
-    e2el_s: float | None
-    text: str
-    token_ids: list[int] | None
-    finish_reason: str | None
-    prompt_tokens: int | None
-    output_tokens: int | None
-    logprobs: list[TokenLogprob] | None
-    http_status: int | None
-    error: str | None  # None on success, else "<kind>: <detail>"
-    sent_monotonic: float | None = None  # perf_counter when sent; same clock as the timings
-    warmup: bool = False
-    # The longest the client left received data unread. Time stamps are exact while it stays
-    # below the server's inter-token gap; beyond that the kernel may merge two tokens' reads
-    # and the earlier token takes the later one's time: the client was overloaded.
-    client_lag_s: float | None = None
-    replica: int = 0  # the replica pair that served it; a request pair never spans two
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, line: str) -> RequestRecord:
-        data = json.loads(line)
-        if data["logprobs"] is not None:
-            data["logprobs"] = [
-                TokenLogprob(
-                    token_id=p["token_id"],
-                    logprob=p["logprob"],
-                    top={int(k): v for k, v in p["top"].items()},
-                )
-                for p in data["logprobs"]
-            ]
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class SideJob:
-    target: ServerTarget
-    specs: list[RequestSpec]  # sent in order, at most `concurrency` in flight
-    concurrency: int | None = None  # this server's share of the level's C; None: all of it
-
-
-@dataclass(frozen=True)
-class PrefixCacheCounters:
-    queries: float
-    hits: float
-
-
 # -- one request ---------------------------------------------------------------------------------
-
-
-def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
-    """The JSON body for one request: greedy, streamed, salted, token ids and usage returned."""
-    sampling = spec.sampling
-    body: dict[str, Any] = {"model": model}
-    if spec.endpoint == "chat":
-        body["messages"] = list(spec.messages or ())
-        body["max_completion_tokens"] = sampling.max_tokens
-    else:
-        body["prompt"] = spec.prompt
-        body["max_tokens"] = sampling.max_tokens
-    body.update(
-        temperature=0.0,
-        seed=sampling.seed,
-        stream=True,
-        stream_options={"include_usage": True},
-        cache_salt=spec.cache_salt,
-        return_token_ids=True,
-    )
-    if sampling.top_logprobs > 0:
-        body["return_tokens_as_token_ids"] = True
-        if spec.endpoint == "chat":
-            body.update(logprobs=True, top_logprobs=sampling.top_logprobs)
-        else:
-            body["logprobs"] = sampling.top_logprobs
-    if spec.endpoint == "chat" and sampling.chat_template_kwargs is not None:
-        body["chat_template_kwargs"] = sampling.chat_template_kwargs
-    body.update(sampling.extra_body)
-    return body
-
-
-class _MalformedStream(Exception):
-    """The server broke the SSE / JSON protocol; the request fails as malformed_sse."""
-
-
-# What a response that breaks the protocol raises while it is parsed.
-_PROTOCOL_ERRORS = (_MalformedStream, KeyError, TypeError, ValueError, AttributeError)
-
-
-class _StreamAccumulator:
-    """Folds the SSE messages of one response into a RequestRecord."""
-
-    def __init__(self, record: RequestRecord, start: float, want_logprobs: bool) -> None:
-        self.record = record
-        self.start = start  # may be moved until finish(): times are kept absolute till then
-        self.token_times: list[float] = []
-        self.buffer = b""
-        self.text_parts: list[str] = []
-        self.token_ids: list[int] = []
-        self.saw_token_ids = False
-        self.logprobs: list[TokenLogprob] | None = [] if want_logprobs else None
-        self.done = False
-        self.problem: str | None = None  # first protocol problem seen; the stream is still read
-
-    def feed(self, data: bytes, received: float) -> None:
-        self.buffer += data
-        while (end := self.buffer.find(b"\n\n")) >= 0:
-            event, self.buffer = self.buffer[:end], self.buffer[end + 2 :]
-            self._event(event, received)
-
-    def finish(self) -> None:
-        """Fill the record in; safe to call again (it is, on every exit of send_request)."""
-        rest, self.buffer = self.buffer.strip(), b""
-        if rest:  # a last event without its blank line
-            try:
-                self._event(rest, self.token_times[-1] if self.token_times else self.start)
-            except _PROTOCOL_ERRORS as exc:
-                self._problem(f"malformed_sse: {type(exc).__name__}: {exc}")
-        record = self.record
-        record.text = "".join(self.text_parts)
-        record.token_ids = self.token_ids if self.saw_token_ids else None
-        record.logprobs = self.logprobs
-        times = self.token_times
-        if times:
-            record.ttft_s = times[0] - self.start
-            record.itl_s = [later - earlier for earlier, later in itertools.pairwise(times)]
-            record.e2el_s = times[-1] - self.start
-
-    def _event(self, event: bytes, received: float) -> None:
-        for line in event.split(b"\n"):
-            line = line.rstrip(b"\r")
-            if not line.startswith(b"data:"):
-                continue  # comments (pings), event names, ids
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                self.done = True
-                continue
-            try:
-                message = json.loads(payload)
-            except UnicodeDecodeError:
-                self._problem("malformed_sse: invalid UTF-8 in an event")
-                message = json.loads(payload.decode("utf-8", errors="replace"))
-            except ValueError as exc:
-                self._problem(f"malformed_sse: event is not JSON ({exc}): {payload[:80]!r}")
-                continue
-            self._message(message, received)
-
-    def _problem(self, detail: str) -> None:
-        if self.problem is None:
-            self.problem = detail
-
-    def _message(self, message: dict, received: float) -> None:
-        if not isinstance(message, dict):
-            raise _MalformedStream(f"event is not a JSON object: {message!r:.80}")
-        if error := message.get("error"):
-            code = error.get("code") if isinstance(error, dict) else None
-            detail = error.get("message") if isinstance(error, dict) else error
-            kind = f"http_{code}" if isinstance(code, int) else "malformed_sse"
-            self._problem(f"{kind}: error event in the stream: {detail}")
-            return
-        if usage := message.get("usage"):
-            self.record.prompt_tokens = usage.get("prompt_tokens")
-            self.record.output_tokens = usage.get("completion_tokens")
-        choices = message.get("choices")
-        if not choices:
-            return
-        record = self.record
-        self.token_times.append(received)
-        choice = choices[0]
-        delta = choice.get("delta")
-        text = choice.get("text") if delta is None else delta.get("content")
-        if text:
-            self.text_parts.append(text)
-        if (ids := choice.get("token_ids")) is not None:
-            self.saw_token_ids = True
-            self.token_ids.extend(ids)
-        if choice.get("finish_reason") is not None:
-            record.finish_reason = choice["finish_reason"]
-        if self.logprobs is not None and (logprobs := choice.get("logprobs")):
-            self.logprobs.extend(_parse_logprobs(logprobs))
-
-
-def _token_id(name: str) -> int:
-    """vLLM names tokens "token_id:<id>" when asked with return_tokens_as_token_ids."""
-    prefix, _, number = name.partition(":")
-    if prefix != "token_id" or not number.lstrip("-").isdigit():
-        raise _MalformedStream(f"logprob token {name!r} is not of the form 'token_id:<id>'")
-    return int(number)
-
-
-def _parse_logprobs(logprobs: dict) -> list[TokenLogprob]:
-    if "content" in logprobs:  # chat
-        return [
-            TokenLogprob(
-                token_id=_token_id(entry["token"]),
-                logprob=entry["logprob"],
-                top={_token_id(alt["token"]): alt["logprob"] for alt in entry["top_logprobs"]},
-            )
-            for entry in logprobs["content"] or []
-        ]
-    return [  # completions
-        TokenLogprob(
-            token_id=_token_id(token),
-            logprob=logprob,
-            top={_token_id(name): value for name, value in (top or {}).items()},
-        )
-        for token, logprob, top in zip(
-            logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
-        )
-    ]
-
-
-def _empty_record(target: ServerTarget, spec: RequestSpec) -> RequestRecord:
-    return RequestRecord(
-        side=target.side,
-        replica=target.replica,
-        request_id=spec.request_id,
-        prompt_id=spec.prompt_id,
-        level=spec.level,
-        repeat=spec.repeat,
-        index=spec.index,
-        cache_salt=spec.cache_salt,
-        sent_at=time.time(),
-        ttft_s=None,
-        itl_s=[],
-        e2el_s=None,
-        text="",
-        token_ids=None,
-        finish_reason=None,
-        prompt_tokens=None,
-        output_tokens=None,
-        logprobs=None,
-        http_status=None,
-        error=None,
-        warmup=spec.warmup,
-    )
-
-
-# -- HTTP/1.1 with kernel receive time stamps --------------------------------------------------
-#
-# Why not aiohttp (or httpx): a Python client time-stamps a token when its code gets to it, and
-# vLLM sends a token to all C streams at once, so the last of 200 is stamped after the client
-# has processed the 199 before it (tens of ms at C=200, benchmarks/README.md). Here the socket
-# is read with recvmsg and SO_TIMESTAMPNS, so each read carries the time the kernel received the
-# data, whatever the client was busy with. The send time is taken right before the request
-# goes to the socket. Plain HTTP only: TLS would hide the time stamps.
-
-_SO_TIMESTAMPNS = 35  # Linux; also the ancillary message type (SCM_TIMESTAMPNS)
-_RECV_BYTES = 256 * 1024
-_ANCILLARY_BYTES = socket.CMSG_SPACE(16)
-
-
-def enable_receive_stamps(sock: socket.socket) -> None:
-    """Ask the kernel to stamp received data (Linux); elsewhere reads are stamped on arrival
-    in Python."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-
-
-def recv_stamped(sock: socket.socket) -> tuple[bytes, float, float]:
-    """One non-blocking read: the data, the time the kernel received it and the time it was
-    read, both on perf_counter's clock. The kernel's stamp is CLOCK_REALTIME; it is moved over
-    with the offset between the two clocks measured at the read, so a clock step can only
-    touch that one read."""
-    data, ancillary, _, _ = sock.recvmsg(_RECV_BYTES, _ANCILLARY_BYTES)
-    read_at = time.perf_counter()
-    for level, kind, raw in ancillary:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
-            seconds, nanoseconds = struct.unpack("qq", raw[:16])
-            wall = time.time()
-            offset = wall - (read_at + time.perf_counter()) / 2  # wall read between the two
-            return data, min(seconds + nanoseconds * 1e-9 - offset, read_at), read_at
-    return data, read_at, read_at
-
-
-class _HttpResponse:
-    """Incremental HTTP/1.1 response parser: status and headers, then the body (chunked,
-    Content-Length or until close) handed to `on_body` piece by piece with its time stamp."""
-
-    def __init__(self, on_body: Callable[[bytes, float], None]) -> None:
-        self.on_body = on_body
-        self.status: int | None = None
-        self.keep_alive = True
-        self.complete = False
-        self.received_any = False
-        self.sent_at: float | None = None  # perf_counter right before the request was sent
-        self.read_lag = 0.0  # longest wait between the kernel receiving data and us reading it
-        self._pending = b""
-        self._framing: Literal["chunked", "length", "close"] | None = None
-        self._remaining = 0
-        self._chunk_state: Literal["size", "data", "crlf", "trailer"] = "size"
-
-    def feed(self, data: bytes, stamp: float) -> None:
-        self.received_any = True
-        self._pending += data
-        if self._framing is None and not self._parse_head():
-            return
-        if self._framing == "chunked":
-            self._feed_chunked(stamp)
-        elif self._framing == "length":
-            piece, self._pending = (
-                self._pending[: self._remaining],
-                self._pending[self._remaining :],
-            )
-            self._remaining -= len(piece)
-            if piece:
-                self.on_body(piece, stamp)
-            self.complete = self._remaining == 0
-        elif self._pending:
-            piece, self._pending = self._pending, b""
-            self.on_body(piece, stamp)
-
-    def feed_eof(self) -> None:
-        if self._framing == "close":
-            self.complete = True
-        else:
-            raise ConnectionResetError("the server closed the connection mid-response")
-
-    def _parse_head(self) -> bool:
-        end = self._pending.find(b"\r\n\r\n")
-        if end < 0:
-            return False
-        head, self._pending = self._pending[:end].decode("latin-1"), self._pending[end + 4 :]
-        status_line, *header_lines = head.split("\r\n")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            raise _MalformedStream(f"not an HTTP response: {status_line[:80]!r}")
-        self.status = int(parts[1])
-        headers = {}
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self.keep_alive = headers.get("connection", "").lower() != "close"
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self._framing = "chunked"
-        elif "content-length" in headers:
-            self._framing = "length"
-            self._remaining = int(headers["content-length"])
-            self.complete = self._remaining == 0
-        else:
-            self._framing = "close"
-            self.keep_alive = False
-        return True
-
-    def _feed_chunked(self, stamp: float) -> None:
-        while not self.complete:
-            if self._chunk_state == "data":
-                piece = self._pending[: self._remaining]
-                if not piece:
-                    return
-                self._pending = self._pending[len(piece) :]
-                self._remaining -= len(piece)
-                self.on_body(piece, stamp)
-                if self._remaining == 0:
-                    self._chunk_state = "crlf"
-                continue
-            if self._chunk_state == "crlf":
-                if len(self._pending) < 2:
-                    return
-                self._pending = self._pending[2:]
-                self._chunk_state = "size"
-                continue
-            end = self._pending.find(b"\r\n")
-            if end < 0:
-                return
-            line, self._pending = self._pending[:end], self._pending[end + 2 :]
-            if self._chunk_state == "trailer":
-                self.complete = line == b""
-                continue
-            size = int(line.split(b";", 1)[0].strip() or b"x", 16)
-            self._remaining = size
-            self._chunk_state = "data" if size else "trailer"
-
-
-class _Connection:
-    """One keep-alive connection, read with recvmsg from the event loop's reader callback."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.reusable = True
-
-    @classmethod
-    async def open(cls, address: tuple) -> _Connection:
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            enable_receive_stamps(sock)
-            await asyncio.get_running_loop().sock_connect(sock, address)
-        except BaseException:
-            sock.close()
-            raise
-        return cls(sock)
-
-    async def exchange(self, request: bytes, response: _HttpResponse) -> None:
-        """Send the request and read the whole response into `response`."""
-        loop = asyncio.get_running_loop()
-        finished = loop.create_future()
-        loop.add_reader(self.sock.fileno(), self._readable, response, finished)
-        try:
-            response.sent_at = time.perf_counter()
-            await loop.sock_sendall(self.sock, request)
-            await finished
-        except BaseException:
-            self.reusable = False
-            raise
-        finally:
-            loop.remove_reader(self.sock.fileno())
-        self.reusable = response.keep_alive
-
-    def _readable(self, response: _HttpResponse, finished: asyncio.Future) -> None:
-        while not finished.done():
-            try:
-                data, stamp, read_at = recv_stamped(self.sock)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                finished.set_exception(exc)
-                return
-            response.read_lag = max(response.read_lag, read_at - stamp)
-            try:
-                if data:
-                    response.feed(data, stamp)
-                else:
-                    response.feed_eof()
-            except Exception as exc:
-                finished.set_exception(exc)
-                return
-            if response.complete:
-                finished.set_result(None)
-            elif not data:
-                return
-
-    def close(self) -> None:
-        self.reusable = False
-        self.sock.close()
-
-
-IDLE_REUSE_S = 2.0  # reuse a keep-alive connection only if it went idle this recently
-
-
-class ConnectionPool:
-    """Keep-alive connections to one server, at most as many as requests in flight."""
-
-    def __init__(self, base_url: str) -> None:
-        url = urllib.parse.urlsplit(base_url)
-        if url.scheme != "http" or url.hostname is None:
-            raise ValueError(
-                f"{base_url!r}: the load client speaks plain http:// only (it reads kernel "
-                "receive time stamps, which TLS would hide); put a plain-HTTP proxy in front"
-            )
-        self.host = url.hostname
-        self.port = url.port or 80
-        self.host_header = url.netloc
-        self.path_prefix = url.path.rstrip("/")
-        self._address: tuple | None = None
-        self._idle: list[tuple[_Connection, float]] = []  # with the time it went idle
-
-    async def acquire(self, fresh: bool = False) -> tuple[_Connection, bool]:
-        """A connection and whether it was reused (then the server may have closed it)."""
-        while self._idle and not fresh:
-            connection, released_at = self._idle.pop()
-            if time.monotonic() - released_at < IDLE_REUSE_S:
-                return connection, True
-            connection.close()  # the server has likely closed it (uvicorn: 5 s keep-alive)
-        if self._address is None:
-            try:
-                ipaddress.ip_address(self.host)
-                self._address = (self.host, self.port)
-            except ValueError:  # a name: resolve it once (in a thread, so it costs time)
-                infos = await asyncio.get_running_loop().getaddrinfo(
-                    self.host, self.port, type=socket.SOCK_STREAM
-                )
-                self._address = infos[0][4]
-        return await _Connection.open(self._address), False
-
-    def release(self, connection: _Connection) -> None:
-        if connection.reusable:
-            self._idle.append((connection, time.monotonic()))
-        else:
-            connection.close()
-
-    def close(self) -> None:
-        while self._idle:
-            self._idle.pop()[0].close()
 
 
 def _http_request(pool: ConnectionPool, target: ServerTarget, spec: RequestSpec) -> bytes:
@@ -628,8 +58,7 @@ def _http_request(pool: ConnectionPool, target: ServerTarget, spec: RequestSpec)
         f"Content-Length: {len(body)}",
         f"X-Request-Id: {spec.request_id}",
     ]
-    if target.api_key:
-        lines.append(f"Authorization: Bearer {target.api_key}")
+    lines += [f"{name}: {value}" for name, value in auth_headers(target.api_key).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
@@ -641,11 +70,11 @@ async def send_request(
     Cancellation is the exception: the record is completed with a "cancelled" error and
     attached to the CancelledError (`.record`) for the caller to emit.
     """
-    record = _empty_record(target, spec)
+    record = empty_record(target, spec)
     request = _http_request(pool, target, spec)
-    stream = _StreamAccumulator(record, time.perf_counter(), spec.sampling.top_logprobs > 0)
+    stream = StreamAccumulator(record, time.perf_counter(), spec.sampling.top_logprobs > 0)
     error_body = bytearray()
-    response = _HttpResponse(lambda data, stamp: None)
+    response = HttpResponse(lambda data, stamp: None)
 
     def on_body(data: bytes, stamp: float) -> None:
         if response.status == 200:
@@ -656,7 +85,7 @@ async def send_request(
     try:
         async with asyncio.timeout(timeout_s):
             for attempt in (1, 2):
-                response = _HttpResponse(on_body)
+                response = HttpResponse(on_body)
                 connection, reused = await pool.acquire(fresh=attempt > 1)
                 try:
                     record.sent_at = time.time()
@@ -684,7 +113,7 @@ async def send_request(
         record.error = f"timeout: no complete response within {timeout_s} s"
     except OSError as exc:
         record.error = f"connection: {type(exc).__name__}: {exc}"
-    except _PROTOCOL_ERRORS as exc:
+    except PROTOCOL_ERRORS as exc:
         record.error = f"malformed_sse: {type(exc).__name__}: {exc}"
     except asyncio.CancelledError as exc:
         record.error = "cancelled: the run was interrupted"
@@ -733,7 +162,8 @@ async def drive_side(
     specs, paced by `offsets` when given.
 
     Every spec yields exactly one record through `emit`; when `level_timeout_s` runs out the
-    requests in flight and those never sent get a "timeout" record.
+    requests in flight and those never sent get a "timeout" record. When `emit` fails (the
+    records cannot be kept, e.g. the disk is full) nothing more is sent and its error is raised.
     """
     warmups = [s for s in job.specs if s.warmup]
     measured = [s for s in job.specs if not s.warmup]
@@ -744,9 +174,18 @@ async def drive_side(
     level_expired = False
     expired_error = f"timeout: level deadline of {level_timeout_s} s passed"
 
+    emit_errors: list[Exception] = []
+
     def finish(record: RequestRecord) -> None:
         emitted.add(record.request_id)
-        emit(record)
+        try:
+            emit(record)
+        except Exception as exc:  # raised from the side below, not lost inside a task
+            emit_errors.append(exc)
+
+    def stop_if_emit_failed() -> None:
+        if emit_errors:
+            raise emit_errors[0]
 
     async def one(spec: RequestSpec) -> None:
         try:
@@ -766,11 +205,13 @@ async def drive_side(
             if paced and offsets is not None:
                 await asyncio.sleep(max(0.0, began + offsets[i] - time.perf_counter()))
             await slots.acquire()
+            stop_if_emit_failed()
             task = asyncio.create_task(one(spec))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
         while in_flight:
-            await asyncio.wait(set(in_flight))
+            await asyncio.wait(set(in_flight), return_when=asyncio.FIRST_COMPLETED)
+            stop_if_emit_failed()
 
     async def run_all() -> None:
         await dispatch(warmups, paced=False)
@@ -788,9 +229,10 @@ async def drive_side(
         await asyncio.gather(*in_flight, return_exceptions=True)
         for spec in job.specs:
             if spec.request_id not in emitted:
-                record = _empty_record(job.target, spec)
+                record = empty_record(job.target, spec)
                 record.error = expired_error
                 finish(record)
+        stop_if_emit_failed()
     finally:
         for task in in_flight:
             task.cancel()
@@ -1014,39 +456,3 @@ def _side_worker(job, concurrency, timeout_s, offsets, level_timeout_s, messages
         messages.put(("failed", side, traceback.format_exc()))
     else:
         messages.put(("done", side, None))
-
-
-# -- prefix cache counters -----------------------------------------------------------------------
-
-_COUNTER_LINE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
-
-
-async def read_prefix_cache_counters(
-    base_url: str, api_key: str | None = None
-) -> PrefixCacheCounters:
-    """vLLM's prefix-cache counters from /metrics, summed over label sets (engines, models)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-        session.get(base_url.rstrip("/") + "/metrics", headers=headers) as response,
-    ):
-        response.raise_for_status()
-        text = await response.text()
-    return parse_prefix_cache_counters(text)
-
-
-def parse_prefix_cache_counters(metrics_text: str) -> PrefixCacheCounters:
-    totals = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
-    found = set()
-    for line in metrics_text.splitlines():
-        match = _COUNTER_LINE.match(line)
-        if match and match["name"] in totals:
-            totals[match["name"]] += float(match["value"])
-            found.add(match["name"])
-    if len(found) != len(totals):
-        missing = ", ".join(sorted(set(totals) - found))
-        raise ValueError(f"/metrics has no {missing} (is this a vLLM server with prefix caching?)")
-    return PrefixCacheCounters(
-        queries=totals["vllm:prefix_cache_queries_total"],
-        hits=totals["vllm:prefix_cache_hits_total"],
-    )

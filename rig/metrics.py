@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rig.compare import PairResult
-from rig.load import RequestRecord
+from rig.records import RequestRecord
 
 PERCENTILES = (50, 90, 99)
 # (metric, True when lower is better) for the delta table

@@ -197,8 +197,13 @@ def preflight(
     gpu_problem = needs_gpus(scenario, hardware)
     if gpu_problem is not None:
         problems.append(gpu_problem)
+    launched = [side for side in sides if scenario.side(side).url is None]
     try:
-        model = locate_model(scenario, check_hub=not hardware.assumed)
+        model = (
+            locate_model(scenario, check_hub=not hardware.assumed)
+            if launched
+            else ModelLocation(scenario.model.name, "attached", note="served by attached servers")
+        )
     except PreflightError as exc:
         problems.append(str(exc))
         model = ModelLocation(scenario.model.name, "missing")

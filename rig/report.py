@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from rig.compare import PairResult, is_transport_error
+from rig.compare import PairResult
 from rig.drift import DriftResult
-from rig.load import RequestRecord
 from rig.metrics import delta_frame, request_frame, summary_frame
+from rig.records import RequestRecord
 from rig.report_format import DASH, check, missing, number
 from rig.report_html import render_html
 from rig.report_mismatches import Decode, mismatch_order
@@ -321,12 +321,8 @@ def _xml_safe(text: str) -> str:
 
 
 def _gating(pair: PairResult) -> list[str]:
-    """The pathologies that fail a pair, as rig.verdict.count counts them."""
-    return [
-        f"{p.side} {p.kind}: {p.detail}"
-        for p in pair.pathologies
-        if p.candidate_only or is_transport_error(p.kind)
-    ]
+    """The pathologies that fail a pair, as text."""
+    return [f"{p.side} {p.kind}: {p.detail}" for p in pair.gating_pathologies]
 
 
 def drift_frame(drift: list[DriftResult]) -> pd.DataFrame:

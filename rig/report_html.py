@@ -18,7 +18,7 @@ import math
 
 import pandas as pd
 
-from rig.load import RequestRecord
+from rig.records import RequestRecord
 from rig.report_format import DASH, cell, check, esc, missing, number, table
 from rig.report_mismatches import Decode, mismatches_section
 from rig.report_plots import drift_figure, level_figure

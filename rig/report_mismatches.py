@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from rig.compare import PairResult
-from rig.load import RequestRecord, TokenLogprob
+from rig.records import RequestRecord, TokenLogprob
 from rig.report_format import DASH, cell, esc, number
 
 # token ids -> text, from the served model's tokenizer when the report stage can load it

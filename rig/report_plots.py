@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rig.drift import DriftResult
-from rig.load import RequestRecord
+from rig.records import RequestRecord
 
 SIDE_COLOURS = {"reference": "#1f5fa8", "candidate": "#c2381f", "A/A": "#7a7a7a"}
 CDF_POINTS = 200  # a long distribution is drawn through this many quantiles

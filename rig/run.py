@@ -34,19 +34,16 @@ from rig.drift import (
     forced_sequences,
     replay_forced,
 )
-from rig.load import (
-    RequestRecord,
-    ServerTarget,
-    SideJob,
-    read_prefix_cache_counters,
-    run_level,
-)
+from rig.load import run_level
 from rig.metrics import delta_frame, summary_frame
 from rig.placement import shard
+from rig.prefix_cache import read_prefix_cache_counters
 from rig.preflight import PreflightError, preflight, render_plan
 from rig.prompts import Prompt, PromptFileError
+from rig.records import RequestRecord, ServerTarget, SideJob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
+from rig.secrets import redact_argv, redact_env
 from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, scan_log
 from rig.verdict import Gate, SideKernel, Verdict, decide
 from rig.workload import WorkloadError, level_requests, resolve_prompts, tokenize_body
@@ -561,7 +558,7 @@ def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dic
                 "side": p.side,
                 "replica": p.replica,
                 "devices": p.devices,
-                "argv": list(p.argv),
+                "argv": redact_argv(p.argv),
                 "env": p.redacted_env(),
                 "base_url": p.base_url,
                 "log": str(p.log_path),
@@ -588,11 +585,9 @@ def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dic
             "cpus": os.cpu_count(),
             "gpus": _gpu_names(),
         },
-        "environment": {
-            k: ("<redacted>" if any(w in k for w in ("KEY", "TOKEN", "SECRET")) else v)
-            for k, v in sorted(os.environ.items())
-            if k.startswith(relevant)
-        },
+        "environment": redact_env(
+            {k: v for k, v in sorted(os.environ.items()) if k.startswith(relevant)}
+        ),
     }
 
 

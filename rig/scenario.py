@@ -16,10 +16,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
+
+from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"
 SIDES = ("reference", "candidate")
@@ -35,7 +39,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelConfig(_Strict):
+class _Served(_Strict):
+    """Flags and environment of `vllm serve`: no secret on its command line (anyone can read
+    it in ps), and none in a dump of the scenario (results folder, manifest)."""
+
+    serve_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("serve_args")
+    @classmethod
+    def _no_secret_flags(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            flag = arg.partition("=")[0]
+            if flag.startswith("--") and is_secret_name(flag):
+                raise ValueError(
+                    f"{flag} would put a secret on the server's command line, readable by any "
+                    "user; set the side's api_key (handed to vLLM as VLLM_API_KEY) or an env "
+                    "variable instead"
+                )
+        return value
+
+    @field_serializer("serve_args")
+    def _dump_serve_args(self, value: list[str]) -> list[str]:
+        return redact_argv(value)
+
+    @field_serializer("env")
+    def _dump_env(self, value: dict[str, str]) -> dict[str, str]:
+        return redact_env(value)
+
+
+class ModelConfig(_Served):
     """What both servers serve, with the flags they share."""
 
     name: str = Field(TINY_MODEL, description="HF id, local path, or 'tiny' (the embedded model)")
@@ -56,24 +89,20 @@ class ModelConfig(_Strict):
     )
     weights_gib: float | None = Field(None, gt=0, description="checkpoint size when not readable")
     startup_timeout_s: float = Field(900.0, gt=0)
-    serve_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
 
     @property
     def is_tiny(self) -> bool:
         return self.name == TINY_MODEL
 
 
-class SideConfig(_Strict):
+class SideConfig(_Served):
     """One side of the comparison. Only what is declared here may differ between the sides."""
 
     kernel: str | None = Field(None, description="candidate kernel name (sets RIG_GDN_KERNEL)")
-    serve_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
     gpus: list[int] | None = None
     url: str | None = Field(None, description="attach to a server someone else started")
     port: int | None = Field(None, gt=0, lt=65536, description="default: a free port")
-    api_key: str | None = None
+    api_key: SecretStr | None = Field(None, description="handed to vLLM as VLLM_API_KEY")
 
     @field_validator("kernel")
     @classmethod

@@ -25,15 +25,17 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from kernels.backends import gdn_backend_args
+from kernels.proof import KERNEL_ENV
+from kernels.proof import STATS_DIR_ENV as STATS_ENV
 from rig.placement import Placement, Slot, place_on_cpus, place_on_gpus, server_label
 from rig.scenario import SIDES, Scenario
+from rig.secrets import API_KEY_ENV, auth_headers, redact_env, redact_file, redact_text, reveal
 from rig.vllm_entry import installed_vllm_version
 
 LOG_TAIL_LINES = 40
-KERNEL_ENV = "RIG_GDN_KERNEL"
-STATS_ENV = "RIG_GDN_STATS_DIR"
-SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
 
 
 class ServerError(RuntimeError):
@@ -118,7 +120,7 @@ class ServerPlan:
     served_model: str
     kernel: str | None
     url: str | None = None
-    api_key: str | None = None
+    api_key: SecretStr | None = None  # also in env as VLLM_API_KEY, never in argv
     replica: int = 0
     devices: str = ""  # what the placement gave it, in words
 
@@ -131,7 +133,12 @@ class ServerPlan:
         return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}"
 
     def redacted_env(self) -> dict[str, str]:
-        return {k: ("<redacted>" if SECRET_ENV.search(k) else v) for k, v in self.env.items()}
+        return redact_env(self.env)
+
+    @property
+    def secrets(self) -> list[str]:
+        """Values that must not reach a file or a message: the side's API key."""
+        return [key] if (key := reveal(self.api_key)) else []
 
 
 @dataclass(frozen=True)
@@ -282,6 +289,8 @@ def plan_servers(
         env[STATS_ENV] = str(stats_dir.resolve())
         if config.kernel is not None:
             env[KERNEL_ENV] = config.kernel
+        if config.api_key is not None:
+            env[API_KEY_ENV] = config.api_key.get_secret_value()  # argv is readable in ps
         if slot.gpus:
             env.setdefault("CUDA_VISIBLE_DEVICES", hardware.visible_devices(slot.gpus))
         elif slot.cpus:
@@ -294,8 +303,6 @@ def plan_servers(
         memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
         if memory is not None:
             argv += ["--gpu-memory-utilization", f"{memory:g}"]
-        if config.api_key:
-            argv += ["--api-key", config.api_key]
         argv += [*model.serve_args, *config.serve_args]
         plan = ServerPlan(
             side=slot.side,
@@ -369,7 +376,8 @@ class Server:
         try:
             with open(self.plan.log_path, "rb") as handle:
                 handle.seek(start)
-                return handle.read().decode("utf-8", errors="replace")
+                text = handle.read().decode("utf-8", errors="replace")
+            return redact_text(text, self.plan.secrets)
         except FileNotFoundError:
             return ""
 
@@ -416,9 +424,9 @@ class Server:
         )
 
     def healthy(self) -> bool:
-        request = urllib.request.Request(f"{self.base_url}/health")
-        if self.plan.api_key:
-            request.add_header("Authorization", f"Bearer {self.plan.api_key}")
+        request = urllib.request.Request(
+            f"{self.base_url}/health", headers=auth_headers(self.plan.api_key)
+        )
         try:
             with urllib.request.urlopen(request, timeout=2) as response:
                 return response.status == 200
@@ -438,6 +446,7 @@ class Server:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+            redact_file(self.plan.log_path, self.plan.secrets)
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None

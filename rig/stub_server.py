@@ -5,8 +5,8 @@ be measured against it. This stub can: it sends the first token `ttft` after it 
 request and then one token every `itl`, stamps every SSE event with its own send time
 (`stub_sent`, `time.perf_counter()`, which on Linux is CLOCK_MONOTONIC and therefore comparable
 across processes on one machine) and keeps a log of every request. A request's arrival is the
-time the kernel received its first bytes (the same recvmsg time stamps as rig.load), so a busy
-stub does not shift it; a send is stamped right before the bytes go to the socket.
+time the kernel received its first bytes (the same recvmsg time stamps as rig.http_client), so
+a busy stub does not shift it; a send is stamped right before the bytes go to the socket.
 
 It also injects the faults the rig must survive (HTTP errors, hangs, malformed SSE, dropped
 connections, invalid UTF-8, U+FFFD, repetition, empty output, divergence), chosen per request by
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from typing import Literal
 
-from rig.load import enable_receive_stamps, recv_stamped
+from rig.http_client import enable_receive_stamps, recv_stamped
 
 FaultKind = Literal[
     "http_409",

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import pandas as pd
 
 from kernels.backends import CPU_NATIVE, reference_kernel_name
-from rig.compare import PairResult, is_transport_error
+from rig.compare import PairResult
 from rig.drift import DriftResult
 from rig.scenario import GatesConfig
 
@@ -32,11 +33,20 @@ class SideKernel:
     detail: str = ""
 
 
+class GateKind(StrEnum):
+    """What a failed gate says about the run, and so which word the verdict takes."""
+
+    VALIDITY = "validity"  # the run cannot vouch for the kernel under test: INVALID
+    EQUIVALENCE = "equivalence"  # the outputs differ beyond the bounds: NOT equivalent
+    PERFORMANCE = "performance"  # fails the run, leaves the word alone
+
+
 @dataclass(frozen=True)
 class Gate:
     name: str
     passed: bool
     detail: str
+    kind: GateKind = GateKind.EQUIVALENCE
 
 
 @dataclass(frozen=True)
@@ -72,12 +82,7 @@ def count(
 ) -> Counts:
     near = sum(1 for p in pairs if p.divergence is not None and p.divergence.kind == "near_tie")
     substantive = sum(1 for p in pairs if p.substantive)
-    gating = sum(
-        1
-        for p in pairs
-        for path in p.pathologies
-        if path.candidate_only or is_transport_error(path.kind)
-    )
+    gating = sum(len(p.gating_pathologies) for p in pairs)
     measured = [d for d in drift if d.error is None]
     return Counts(
         pairs=len(pairs),
@@ -98,25 +103,41 @@ def count(
 def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: bool) -> Gate:
     ref, cand = kernels.get("reference"), kernels.get("candidate")
     if ref is None or cand is None:
-        return Gate("candidate kernel active", False, "no kernel proof for one of the sides")
+        return Gate(
+            "candidate kernel active",
+            False,
+            "no kernel proof for one of the sides",
+            GateKind.VALIDITY,
+        )
     seen = (
         f"reference ran {ref.kernel} ({ref.calls} calls), "
         f"candidate ran {cand.kernel} ({cand.calls} calls)"
     )
     if is_aa:
         ok = ref.kernel == cand.kernel
-        return Gate("candidate kernel active", ok, f"A/A run: {seen}")
+        return Gate("candidate kernel active", ok, f"A/A run: {seen}", GateKind.VALIDITY)
     if requested is not None and cand.kernel != requested:
         return Gate(
             "candidate kernel active",
             False,
             f"candidate asked for {requested} but {seen}: the candidate kernel never served",
+            GateKind.VALIDITY,
         )
     if cand.calls <= 0:
-        return Gate("candidate kernel active", False, f"{seen}: no prefill call reached it")
+        return Gate(
+            "candidate kernel active",
+            False,
+            f"{seen}: no prefill call reached it",
+            GateKind.VALIDITY,
+        )
     if ref.kernel == cand.kernel:
-        return Gate("candidate kernel active", False, f"both sides ran the same kernel: {seen}")
-    return Gate("candidate kernel active", True, seen)
+        return Gate(
+            "candidate kernel active",
+            False,
+            f"both sides ran the same kernel: {seen}",
+            GateKind.VALIDITY,
+        )
+    return Gate("candidate kernel active", True, seen, GateKind.VALIDITY)
 
 
 # vLLM's CPU build has one GDN prefill op and ignores the backend asked for.
@@ -132,7 +153,8 @@ def _reference_backend_gate(kernels: dict[str, SideKernel], backend: str, is_aa:
     ran = {side: kernels[side].kernel for side in sides if side in kernels}
     wrong = {side: k for side, k in ran.items() if k not in (wanted, CPU_REFERENCE)}
     seen = ", ".join(f"{side} ran {kernel}" for side, kernel in ran.items()) or "no proof"
-    return Gate("reference backend", not wrong, f"requested {backend} ({wanted}); {seen}")
+    detail = f"requested {backend} ({wanted}); {seen}"
+    return Gate("reference backend", not wrong, detail, GateKind.VALIDITY)
 
 
 def decide(
@@ -157,6 +179,7 @@ def decide(
             "pairs compared",
             counts.pairs > 0,
             f"{counts.pairs} request pairs compared",
+            GateKind.VALIDITY,
         ),
         Gate(
             "substantive divergences",
@@ -174,6 +197,8 @@ def decide(
             "prefix-cache hits",
             prefix_cache_hits <= g.max_prefix_cache_hits,
             f"{prefix_cache_hits:g} hits (allowed {g.max_prefix_cache_hits})",
+            # Prefix-cache hits mean some prefills never ran the kernel: nothing is vouched for.
+            GateKind.VALIDITY,
         ),
     ]
     if drift:
@@ -214,29 +239,23 @@ def decide(
                 "performance",
                 not (worst < -g.max_perf_regression_pct),
                 f"worst delta {worst:+.2f}% (allowed -{g.max_perf_regression_pct}%)",
+                GateKind.PERFORMANCE,
             )
         )
     passed = all(gate.passed for gate in gates)
-    failed = {gate.name for gate in gates if not gate.passed}
-    # Prefix-cache hits mean some prefills never ran the kernel: nothing can be vouched for.
-    if failed & {
-        "candidate kernel active",
-        "reference backend",
-        "prefix-cache hits",
-        "pairs compared",
-    }:
-        word = "INVALID"
-    elif failed & {
-        "substantive divergences",
-        "pathologies",
-        "teacher-forced drift",
-        "near-ties beyond the A/A floor",
-    }:
-        word = "NOT equivalent"
-    elif counts.identical == counts.pairs and counts.pairs > 0:
-        word = "identical"
-    elif aa_counts is not None and counts.near_tie <= aa_counts.pairs - aa_counts.identical:
-        word = "equivalent up to near-ties within the A/A noise floor"
-    else:
-        word = "equivalent up to near-ties"
+    word = verdict_word(gates, counts, aa_counts)
     return Verdict(word=word, passed=passed, gates=tuple(gates), counts=counts, aa_counts=aa_counts)
+
+
+def verdict_word(gates: list[Gate], counts: Counts, aa_counts: Counts | None) -> str:
+    """The word, from the kinds of the gates that failed and, when none did, the counts."""
+    failed = {gate.kind for gate in gates if not gate.passed}
+    if GateKind.VALIDITY in failed:
+        return "INVALID"
+    if GateKind.EQUIVALENCE in failed:
+        return "NOT equivalent"
+    if counts.identical == counts.pairs and counts.pairs > 0:
+        return "identical"
+    if aa_counts is not None and counts.near_tie <= aa_counts.pairs - aa_counts.identical:
+        return "equivalent up to near-ties within the A/A noise floor"
+    return "equivalent up to near-ties"

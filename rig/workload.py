@@ -6,15 +6,10 @@ of the run carries a salt of its own (no prefix-cache hit can hide the prefill p
 
 from __future__ import annotations
 
-import hashlib
-import re
-
-from rig.load import RequestSpec, SamplingParams
 from rig.prompts import Prompt, build_long_prompt, load_prompts
+from rig.records import RequestSpec, SamplingParams
+from rig.salts import cache_salt
 from rig.scenario import WorkloadConfig
-
-SALT_MAX = 128
-_SALT_FORBIDDEN = re.compile(r"[@/\\\x00]")
 
 
 class WorkloadError(ValueError):
@@ -39,18 +34,6 @@ def resolve_prompts(workload: WorkloadConfig) -> list[Prompt]:
     if not prompts:
         raise WorkloadError("the workload's prompt sources hold no prompts")
     return prompts
-
-
-def cache_salt(run_id: str, side: str, request_id: str) -> str:
-    """A salt unique within the run, obeying vLLM's rules: non-empty, at most 128 characters,
-    none of `@ / \\` or NUL. A longer salt keeps its tail behind a digest of the whole, so two
-    runs whose long run ids differ only at the start still get different salts (an attached
-    server outlives a run)."""
-    salt = _SALT_FORBIDDEN.sub("_", f"{run_id}.{side}.{request_id}")
-    if len(salt) > SALT_MAX:
-        digest = hashlib.sha256(salt.encode()).hexdigest()[:16]
-        salt = f"{digest}.{salt[-(SALT_MAX - len(digest) - 1) :]}"
-    return salt
 
 
 def sampling_params(workload: WorkloadConfig) -> SamplingParams:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rig.load import RequestRecord
+from rig.records import RequestRecord
 
 
 def _record(

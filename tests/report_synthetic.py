@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rig.compare import compare_pairs
 from rig.drift import DriftResult
-from rig.load import RequestRecord, TokenLogprob
+from rig.records import RequestRecord, TokenLogprob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome
 from rig.scenario import GatesConfig
 from rig.verdict import SideKernel, decide

@@ -2,6 +2,8 @@ import pytest
 
 from rig.compare import (
     EXCERPT_CHARS,
+    PairResult,
+    Pathology,
     compare_pairs,
     content_pathologies,
     first_divergence,
@@ -10,7 +12,7 @@ from rig.compare import (
     read_records,
 )
 from rig.compare import main as compare_main
-from rig.load import TokenLogprob
+from rig.records import TokenLogprob
 
 MARGIN = 0.25
 
@@ -310,6 +312,14 @@ def test_candidate_transport_error_is_candidate_only(make_record):
         make_record("reference"), make_record("candidate", error="http_500: boom"), None
     )
     assert [(p.kind, p.candidate_only) for p in found] == [("http_500", True)]
+
+
+def test_gating_pathologies_are_candidate_only_or_transport_errors():
+    shared = Pathology("reference", "empty_output", "", candidate_only=False)
+    transport = Pathology("reference", "timeout", "", candidate_only=False)
+    sick = Pathology("candidate", "replacement_char", "", candidate_only=True)
+    pair = PairResult("q", "p", 1, 0, 0, True, None, (shared, transport, sick))
+    assert pair.gating_pathologies == [transport, sick]
 
 
 # --- pairing -----------------------------------------------------------------------------------

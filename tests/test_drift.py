@@ -27,7 +27,8 @@ from rig.drift import (
     teacher_forced_logprobs,
     tokenize,
 )
-from rig.load import ServerTarget, validate_cache_salt
+from rig.records import ServerTarget
+from rig.salts import validate_cache_salt
 
 SEQUENCE = ForcedSequence("p0", prompt_token_ids=(10, 11, 12), completion_token_ids=(13, 14, 15))
 CANDIDATE_SHIFT = 0.125  # the stand-in's candidate model lowers every forced logprob by this

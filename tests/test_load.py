@@ -13,94 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from rig.load import (
-    RequestRecord,
-    RequestSpec,
-    SamplingParams,
-    ServerTarget,
-    SideJob,
-    TokenLogprob,
-    _empty_record,
-    _HttpResponse,
-    _StreamAccumulator,
-    arrival_offsets,
-    parse_prefix_cache_counters,
-    read_prefix_cache_counters,
-    request_body,
-    run_level,
-)
+from rig.load import arrival_offsets, run_level
+from rig.records import RequestRecord, RequestSpec, ServerTarget, SideJob
 from rig.stub_server import StubConfig, serve_in_thread
-
-FAST = StubConfig(ttft_s=0.02, itl_s=0.005, output_tokens=5)
-
-
-def spec(i: int, endpoint: str = "completions", level: int = 2, **sampling) -> RequestSpec:
-    return RequestSpec(
-        request_id=f"r{i}",
-        prompt_id=f"p{i % 3}",
-        level=level,
-        repeat=0,
-        index=i,
-        endpoint=endpoint,  # type: ignore[arg-type]
-        prompt=f"prompt number {i % 3}" if endpoint == "completions" else None,
-        messages=({"role": "user", "content": f"hi {i}"},) if endpoint == "chat" else None,
-        cache_salt=f"run1.{i}",
-        sampling=SamplingParams(max_tokens=sampling.pop("max_tokens", 5), **sampling),
-    )
-
-
-def one_side(stub, specs, concurrency=2, side="reference", **options) -> list[RequestRecord]:
-    job = SideJob(ServerTarget(side, stub.url, "stub"), specs)
-    options.setdefault("timeout_s", 10)
-    return run_level([job], concurrency, progress=False, **options)[side]
-
-
-# -- the request body ----------------------------------------------------------------------------
-
-
-def test_completions_body_is_greedy_streamed_salted_with_ids_usage_and_logprobs():
-    body = request_body(spec(0, top_logprobs=3, seed=7), "m")
-    assert body["temperature"] == 0 and body["seed"] == 7 and body["stream"] is True
-    assert body["stream_options"] == {"include_usage": True}
-    assert body["cache_salt"] == "run1.0" and body["return_token_ids"] is True
-    assert body["logprobs"] == 3 and body["return_tokens_as_token_ids"] is True
-    assert body["prompt"] == "prompt number 0" and body["max_tokens"] == 5
-    assert "messages" not in body and "top_logprobs" not in body
-
-
-def test_chat_body_uses_chat_logprobs_and_template_kwargs_and_extra_body_wins():
-    request = spec(
-        1,
-        "chat",
-        top_logprobs=2,
-        chat_template_kwargs={"enable_thinking": False},
-        extra_body={"temperature": 0.5, "ignore_eos": True},
-    )
-    body = request_body(request, "m")
-    assert body["messages"] == [{"role": "user", "content": "hi 1"}]
-    assert body["logprobs"] is True and body["top_logprobs"] == 2
-    assert body["chat_template_kwargs"] == {"enable_thinking": False}
-    assert body["temperature"] == 0.5 and body["ignore_eos"] is True
-
-
-def test_no_logprobs_asked_for_by_default():
-    assert "logprobs" not in request_body(spec(0), "m")
-
-
-@pytest.mark.parametrize("salt", ["", "a" * 129, "a@b", "a/b", "a\\b", "a\x00b"])
-def test_salts_vllm_would_reject_are_rejected_up_front(salt):
-    with pytest.raises(ValueError, match="cache_salt"):
-        RequestSpec("r", "p", 1, 0, 0, "completions", "x", None, salt, SamplingParams(1))
-
-
-def test_a_128_character_salt_is_fine():
-    RequestSpec("r", "p", 1, 0, 0, "completions", "x", None, "a" * 128, SamplingParams(1))
-
-
-def test_a_chat_spec_needs_messages():
-    with pytest.raises(ValueError, match="messages"):
-        RequestSpec("r", "p", 1, 0, 0, "chat", None, None, "s", SamplingParams(1))
-
+from tests.stub_requests import FAST, one_side, spec
 
 # -- timing and parsing ---------------------------------------------------------------------------
 
@@ -146,41 +62,6 @@ def test_logprobs_are_keyed_by_token_id(endpoint):
         assert len(position.top) == 3 and position.token_id in position.top
         assert all(isinstance(token_id, int) for token_id in position.top)
         assert position.logprob == position.top[position.token_id]
-
-
-def test_records_round_trip_through_json():
-    with serve_in_thread(FAST) as stub:
-        (record,) = one_side(stub, [spec(0, top_logprobs=2)])
-    line = record.to_json()
-    assert "\n" not in line
-    again = RequestRecord.from_json(line)
-    assert again == record and isinstance(again.logprobs[0], TokenLogprob)
-
-
-def _accumulate(*pieces: bytes) -> tuple[RequestRecord, _StreamAccumulator]:
-    record = _empty_record("reference", spec(0))
-    stream = _StreamAccumulator(record, 0.0, False)
-    for at, piece in enumerate(pieces, start=1):
-        stream.feed(piece, float(at))
-    stream.finish()
-    return record, stream
-
-
-def test_sse_parsing_across_reads_comments_and_a_last_event_without_its_blank_line():
-    record, stream = _accumulate(
-        b': ping\n\ndata: {"choices": [{"text": "a", "token_ids": [1]}]}\n',
-        b'\ndata: {"choices": [{"text": "b", "token_ids": [2], "finish_reason": "stop"}]}',
-    )
-    assert (record.text, record.token_ids, record.finish_reason) == ("ab", [1, 2], "stop")
-    assert record.ttft_s == 2.0 and record.itl_s == [0.0]  # both complete in the second read
-    assert stream.problem is None and not stream.done
-
-
-def test_an_error_event_in_the_stream_and_a_garbage_tail_are_problems_not_exceptions():
-    _, stream = _accumulate(b'data: {"error": {"message": "boom", "code": 500}}\n\n')
-    assert stream.problem == "http_500: error event in the stream: boom"
-    _, stream = _accumulate(b"data: [1, 2]")
-    assert stream.problem.startswith("malformed_sse:")
 
 
 # -- faults ----------------------------------------------------------------------------------------
@@ -340,12 +221,31 @@ def test_inline_isolation_gives_the_same_records():
     ]
 
 
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_records_that_cannot_be_kept_stop_the_level_with_the_error(isolation):
+    """A full disk under on_record: the level stops sending and the error reaches the caller."""
+    kept: list[RequestRecord] = []
+
+    def keep(record: RequestRecord) -> None:
+        if len(kept) == 2:
+            raise OSError(28, "No space left on device")
+        kept.append(record)
+
+    with serve_in_thread(FAST) as stub:
+        with pytest.raises(OSError, match="No space left"):
+            one_side(stub, [spec(i) for i in range(12)], on_record=keep, isolation=isolation)
+        sent = len(stub.log)
+    assert [r.request_id for r in kept] == ["r0", "r1"]
+    assert sent < 12
+
+
 # -- Ctrl-C ------------------------------------------------------------------------------------
 
 _INTERRUPTED_RUN = textwrap.dedent(
     """
     import json, sys
-    from rig.load import RequestSpec, SamplingParams, ServerTarget, SideJob, run_level
+    from rig.load import run_level
+    from rig.records import RequestSpec, SamplingParams, ServerTarget, SideJob
 
     if __name__ == "__main__":
         specs = [
@@ -393,104 +293,3 @@ def test_ctrl_c_cancels_in_flight_requests_and_stops_the_workers(isolation):
     cancelled = [json.loads(line) for line in lines[:-1]]
     assert sorted(rid for rid, _ in cancelled) == ["r0", "r1", "r2", "r3"]
     assert all(error.startswith("cancelled:") for _, error in cancelled)
-
-
-# -- HTTP framing and prefix-cache counters ------------------------------------------------------
-
-
-def _body_of(response_bytes: bytes, step: int) -> tuple[bytes, _HttpResponse]:
-    pieces: list[bytes] = []
-    response = _HttpResponse(lambda data, stamp: pieces.append(data))
-    for start in range(0, len(response_bytes), step):
-        response.feed(response_bytes[start : start + step], 0.0)
-    return b"".join(pieces), response
-
-
-@pytest.mark.parametrize("step", [1, 3, 1000])
-def test_chunked_bodies_decode_whatever_the_read_boundaries(step):
-    raw = (
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"5;ext=1\r\nhello\r\nA\r\n world 123\r\n0\r\nX-Trailer: t\r\n\r\n"
-    )
-    body, response = _body_of(raw, step)
-    assert body == b"hello world 123"
-    assert response.complete and response.keep_alive and response.status == 200
-
-
-def test_content_length_and_close_delimited_bodies():
-    body, response = _body_of(b"HTTP/1.1 429 Too\r\nContent-Length: 4\r\n\r\nbusy", 2)
-    assert (body, response.status, response.complete) == (b"busy", 429, True)
-    body, response = _body_of(b"HTTP/1.0 200 OK\r\nConnection: close\r\n\r\nabc", 2)
-    assert body == b"abc" and not response.complete and not response.keep_alive
-    response.feed_eof()
-    assert response.complete
-
-
-def test_eof_inside_a_chunked_body_is_an_error():
-    _, response = _body_of(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel", 4)
-    with pytest.raises(ConnectionResetError):
-        response.feed_eof()
-
-
-VLLM_METRICS = """\
-# HELP vllm:prefix_cache_queries_total Prefix cache queries.
-# TYPE vllm:prefix_cache_queries_total counter
-vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
-vllm:prefix_cache_queries_total{engine="1",model_name="m"} 300.0
-vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 640.0
-vllm:prefix_cache_hits_total{engine="1",model_name="m"} 0.0
-"""
-
-
-def test_counters_are_summed_over_label_sets():
-    counters = parse_prefix_cache_counters(VLLM_METRICS)
-    assert (counters.queries, counters.hits) == (1500.0, 640.0)
-
-
-def test_missing_counters_are_an_error():
-    with pytest.raises(ValueError, match="prefix_cache_hits_total"):
-        parse_prefix_cache_counters(VLLM_METRICS.replace("hits", "misses"))
-
-
-def test_counters_read_from_the_stub_show_a_repeated_unsalted_prompt():
-    import asyncio
-
-    with serve_in_thread(StubConfig(ttft_s=0, itl_s=0, output_tokens=1, engines=2)) as stub:
-        before = asyncio.run(read_prefix_cache_counters(stub.url))
-        one_side(stub, [spec(0)])
-        one_side(stub, [RequestSpec(**{**spec(0).__dict__, "request_id": "again"})])
-        after = asyncio.run(read_prefix_cache_counters(stub.url))
-    assert (before.queries, before.hits) == (0.0, 0.0)
-    assert after.queries == 6.0 and after.hits == 3.0  # same salt and prompt: a hit
-
-
-def test_pool_does_not_reuse_connections_idle_past_keep_alive(monkeypatch):
-    """A keep-alive connection idle for longer than servers keep it open is not reused."""
-    import asyncio
-    import socket
-
-    from rig import load
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    pool = load.ConnectionPool(f"http://127.0.0.1:{listener.getsockname()[1]}")
-
-    async def scenario() -> tuple[bool, bool, bool]:
-        first, _ = await pool.acquire()
-        pool.release(first)
-        _, reused_recent = await pool.acquire()
-        pool.release(_)
-        monkeypatch.setattr(load, "IDLE_REUSE_S", 0.0)
-        _, reused_stale = await pool.acquire()
-        pool.release(_)
-        monkeypatch.setattr(load, "IDLE_REUSE_S", 60.0)
-        _, reused_fresh = await pool.acquire(fresh=True)
-        return reused_recent, reused_stale, reused_fresh
-
-    try:
-        assert asyncio.run(scenario()) == (True, False, False)
-    finally:
-        pool.close()
-        listener.close()

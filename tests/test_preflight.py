@@ -171,3 +171,11 @@ def test_the_plan_shows_argv_env_gpus_levels_and_duration(tmp_path):
     assert "RIG_GDN_KERNEL=ns4" in text
     assert "400 requests per side, sharded over 2 pairs" in text
     assert "expected duration: at least" in text
+
+
+def test_servers_attached_by_url_need_no_local_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    both = scenario(reference={"url": "http://10.0.0.1:8000"}, candidate={"url": "http://x:1"})
+    checked = preflight(both, tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
+    assert checked.model.source == "attached"
+    assert {p.devices for p in checked.plan.servers.values()} == {"attached"}

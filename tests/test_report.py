@@ -7,8 +7,8 @@ import pytest
 from rig import report
 from rig.compare import compare_pairs
 from rig.drift import DriftResult
-from rig.load import TokenLogprob
 from rig.metrics import delta_frame, summary_frame
+from rig.records import TokenLogprob
 from rig.report import (
     SUMMARY_MD_LIMIT,
     LevelFault,

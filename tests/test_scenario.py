@@ -357,3 +357,17 @@ def test_gdn_prefill_backend_defaults_to_fla_and_takes_only_known_backends(tmp_p
     assert load_scenario(path).model.gdn_prefill_backend == "triton"
     assert load_scenario(path, ["model.gdn_prefill_backend=cutedsl"]).model.gdn_prefill_backend
     assert "gdn_prefill_backend" in error_of(path, ["model.gdn_prefill_backend=cuda"])
+
+
+def test_api_key_is_a_secret_in_every_dump(tmp_path):
+    data = {**MINIMAL, "candidate": {"api_key": "sk-secret", "env": {"HF_TOKEN": "hf_x"}}}
+    scenario = load_scenario(write(tmp_path, data))
+    assert scenario.candidate.api_key.get_secret_value() == "sk-secret"
+    dumped = scenario.model_dump_json() + repr(scenario.candidate.api_key)
+    assert "sk-secret" not in dumped and "hf_x" not in dumped
+
+
+def test_a_secret_flag_in_serve_args_is_refused(tmp_path):
+    data = {**MINIMAL, "reference": {"serve_args": ["--api-key", "sk-secret"]}}
+    message = error_of(write(tmp_path, data))
+    assert "reference.serve_args" in message and "VLLM_API_KEY" in message

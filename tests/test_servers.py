@@ -188,3 +188,35 @@ def test_replica_pairs_get_their_own_servers_logs_and_gpus(tmp_path):
     servers = ServerSet(list(plan.servers.values()), startup_timeout_s=1).servers
     assert set(servers) == set(plan.servers)
     assert [p.replica for p in plan.side_servers("candidate")] == [0, 1]
+
+
+def test_the_api_key_reaches_vllm_through_its_environment_never_argv(tmp_path):
+    plans = plan_servers(
+        scenario(candidate={"api_key": "sk-secret"}),
+        "/m",
+        tmp_path,
+        Hardware(gpu_count=0, cpu_ids=(0, 1)),
+    ).servers
+    candidate = plans["candidate"]
+    assert not any("sk-secret" in arg for arg in candidate.argv)
+    assert "--api-key" not in candidate.argv
+    assert candidate.env["VLLM_API_KEY"] == "sk-secret"
+    assert candidate.redacted_env()["VLLM_API_KEY"] == "<redacted>"
+    assert "sk-secret" not in repr(candidate.api_key)
+    assert "VLLM_API_KEY" not in plans["reference"].env
+
+
+def test_a_server_log_loses_the_key_when_read_and_when_stopped(tmp_path):
+    plan = plan_servers(
+        scenario(candidate={"api_key": "sk-secret"}),
+        "/m",
+        tmp_path,
+        Hardware(gpu_count=0, cpu_ids=(0, 1)),
+    ).servers["candidate"]
+    plan = ServerPlan(**{**plan.__dict__, "argv": (sys.executable, "-c", "print('sk-secret')")})
+    server = Server(plan)
+    server.start()
+    server.process.wait(timeout=30)
+    assert "sk-secret" not in server.log_tail()
+    server.stop()
+    assert "sk-secret" not in plan.log_path.read_text()

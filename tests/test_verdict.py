@@ -6,7 +6,7 @@ import pytest
 from rig.compare import Divergence, PairResult, Pathology
 from rig.drift import DriftResult
 from rig.scenario import GatesConfig
-from rig.verdict import SideKernel, count, decide
+from rig.verdict import Gate, GateKind, SideKernel, count, decide, verdict_word
 
 KERNELS = {
     "reference": SideKernel("reference", "fla", 12),
@@ -374,3 +374,13 @@ def test_an_aa_run_checks_the_backend_of_both_sides():
     )
     assert result.word == "INVALID"
     assert "candidate ran vllm-flashinfer" in gate(result, "reference backend").detail
+
+
+def test_the_word_follows_the_kind_of_the_failed_gate_not_its_name():
+    counts = count(identical(2), [])
+    assert verdict_word([Gate("any name", False, "", GateKind.VALIDITY)], counts, None) == (
+        "INVALID"
+    )
+    assert verdict_word([Gate("any name", False, "")], counts, None) == "NOT equivalent"
+    slower = [Gate("performance", False, "", GateKind.PERFORMANCE)]
+    assert verdict_word(slower, counts, None) == "identical"

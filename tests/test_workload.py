@@ -4,17 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from rig.load import validate_cache_salt
 from rig.prompts import ChatMessage, Prompt
 from rig.scenario import WorkloadConfig
 from rig.workload import (
     WorkloadError,
-    cache_salt,
     level_requests,
     resolve_prompts,
     sampling_params,
     tokenize_body,
 )
+from tests.test_salts import assert_vllm_salt
 
 SIDES = ("reference", "candidate", "reference-aa")
 
@@ -36,13 +35,6 @@ def write_jsonl(path: Path, ids: list[str]) -> Path:
     lines = [json.dumps({"id": i, "prompt": f"prompt {i}"}) for i in ids]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
-
-
-def assert_vllm_salt(salt: str) -> None:
-    """vLLM's own rule, restated: non-empty, <= 128 chars, none of @ / \\ NUL."""
-    assert 0 < len(salt) <= 128
-    assert not set(salt) & {"@", "/", "\\", "\x00"}
-    validate_cache_salt(salt)
 
 
 # --- cache salts -------------------------------------------------------------------------------
@@ -78,27 +70,6 @@ def test_salts_are_unique_and_valid_across_sides_levels_repeats(run_id):
     assert len(set(salts)) == len(salts)
     for salt in salts:
         assert_vllm_salt(salt)
-
-
-def test_short_salt_keeps_run_side_and_request():
-    salt = cache_salt("run1", "candidate", "c4-r1-0002")
-    assert salt == "run1.candidate.c4-r1-0002"
-
-
-def test_long_run_ids_that_differ_only_at_the_start_give_different_salts():
-    # An attached server outlives a run: a later run must not hit the earlier run's cache.
-    tail = "-" + "scenario" * 20
-    first = cache_salt("20261129-120000" + tail, "reference", "c1-r0-0000")
-    second = cache_salt("20261129-130000" + tail, "reference", "c1-r0-0000")
-    assert first != second
-    assert_vllm_salt(first)
-    assert_vllm_salt(second)
-    assert first.endswith("reference.c1-r0-0000")
-
-
-def test_very_long_side_or_request_id_still_gives_a_valid_salt():
-    salt = cache_salt("r", "s" * 200, "q" * 200)
-    assert_vllm_salt(salt)
 
 
 # --- the ordered request list -----------------------------------------------------------------

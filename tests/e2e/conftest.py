@@ -3,16 +3,15 @@ each rig run under test starts (and must stop) its own pair of servers."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.rig_process import REPO, LiveRig, RigRun
+
 RUN_TIMEOUT_S = 900
 
 
@@ -20,20 +19,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
-
-
-@dataclass
-class RigRun:
-    returncode: int
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    def manifest(self) -> dict:
-        return json.loads((self.run_dir / "manifest.json").read_text())
-
-    def read(self, name: str) -> str:
-        return (self.run_dir / name).read_text(encoding="utf-8")
 
 
 def rig_processes() -> list[str]:
@@ -57,10 +42,20 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def run_rig(tmp_path_factory, tiny_model):
-    """Run `python -m rig.run` like a user; returns a RigRun. Runs share one golden cache, so
-    after the first run only the candidate's server starts (as for a user's second iteration)."""
-    cache = tmp_path_factory.mktemp("golden")
+def golden_cache(tmp_path_factory) -> Path:
+    """One golden cache for the session: after the first run only the candidate's server
+    starts (as for a user's second iteration)."""
+    return tmp_path_factory.mktemp("golden")
+
+
+def _rig_args(scenario: str, cache: Path, results: Path, name: str, *args: str) -> list[str]:
+    common = ["--cache-dir", str(cache), "--set", f"results_dir={results}", "--run-id", name]
+    return [scenario, *common, *args]
+
+
+@pytest.fixture(scope="session")
+def run_rig(tmp_path_factory, tiny_model, golden_cache):
+    """Run `python -m rig.run` like a user; returns a RigRun."""
 
     def run(
         *args: str,
@@ -73,14 +68,7 @@ def run_rig(tmp_path_factory, tiny_model):
             sys.executable,
             "-m",
             "rig.run",
-            scenario,
-            "--cache-dir",
-            str(cache),
-            "--set",
-            f"results_dir={results}",
-            "--run-id",
-            name,
-            *args,
+            *_rig_args(scenario, golden_cache, results, name, *args),
         ]
         done = subprocess.run(
             argv,
@@ -93,6 +81,17 @@ def run_rig(tmp_path_factory, tiny_model):
         return RigRun(done.returncode, done.stdout, done.stderr, results / name)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def start_rig(tmp_path_factory, tiny_model, golden_cache):
+    """Start `python -m rig.run` like a user and watch it run; returns a LiveRig."""
+
+    def start(*args: str, scenario: str = "scenarios/smoke.yaml", name: str = "run") -> LiveRig:
+        results = tmp_path_factory.mktemp("results")
+        return LiveRig(_rig_args(scenario, golden_cache, results, name, *args), results / name)
+
+    return start
 
 
 @pytest.fixture(scope="session")

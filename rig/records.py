@@ -1,0 +1,152 @@
+"""The records every pipeline stage passes on: what to send (RequestSpec, SamplingParams,
+SideJob, ServerTarget) and what came back (RequestRecord, TokenLogprob).
+
+A failed request is a record with `error` set ("<kind>: <detail>", kinds: timeout,
+http_<status>, connection, malformed_sse, cancelled), never a missing one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pydantic import SecretStr
+
+from rig.placement import server_label
+from rig.salts import validate_cache_salt
+
+Endpoint = Literal["completions", "chat"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    seed: int = 0
+    top_logprobs: int = 0  # 0: do not ask for logprobs
+    chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": False}
+    extra_body: dict = field(default_factory=dict)  # merged into the JSON body last
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    request_id: str  # unique within the run
+    prompt_id: str
+    level: int  # the concurrency level this request belongs to
+    repeat: int
+    index: int  # position in the level's ordered list
+    endpoint: Endpoint
+    prompt: str | list[int] | None  # completions: text or token ids
+    messages: tuple[dict, ...] | None  # chat
+    cache_salt: str  # the caller guarantees uniqueness; vLLM's rules are checked here
+    sampling: SamplingParams
+    warmup: bool = False  # sent before the measured requests of its side; flagged in the record
+
+    def __post_init__(self) -> None:
+        validate_cache_salt(self.cache_salt)
+        if self.endpoint == "completions" and self.prompt is None:
+            raise ValueError(f"request {self.request_id}: a completions request needs a prompt")
+        if self.endpoint == "chat" and not self.messages:
+            raise ValueError(f"request {self.request_id}: a chat request needs messages")
+
+
+@dataclass(frozen=True)
+class ServerTarget:
+    side: str  # "reference" | "candidate" | ...
+    base_url: str  # http://127.0.0.1:PORT
+    model: str  # served model name
+    api_key: SecretStr | None = None  # masked in repr and dumps
+    replica: int = 0  # which reference/candidate pair this server belongs to
+
+    @property
+    def label(self) -> str:
+        return server_label(self.side, self.replica)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: dict[int, float]  # top-k alternatives: token id -> logprob
+
+
+@dataclass
+class RequestRecord:
+    side: str
+    request_id: str
+    prompt_id: str
+    level: int
+    repeat: int
+    index: int
+    cache_salt: str
+    sent_at: float  # wall clock (time.time()) when sent, for reports
+    ttft_s: float | None
+    itl_s: list[float]
+    e2el_s: float | None
+    text: str
+    token_ids: list[int] | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+    logprobs: list[TokenLogprob] | None
+    http_status: int | None
+    error: str | None  # None on success, else "<kind>: <detail>"
+    sent_monotonic: float | None = None  # perf_counter when sent; same clock as the timings
+    warmup: bool = False
+    # The longest the client left received data unread. Time stamps are exact while it stays
+    # below the server's inter-token gap; beyond that the kernel may merge two tokens' reads
+    # and the earlier token takes the later one's time: the client was overloaded.
+    client_lag_s: float | None = None
+    replica: int = 0  # the replica pair that served it; a request pair never spans two
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> RequestRecord:
+        data = json.loads(line)
+        if data["logprobs"] is not None:
+            data["logprobs"] = [
+                TokenLogprob(
+                    token_id=p["token_id"],
+                    logprob=p["logprob"],
+                    top={int(k): v for k, v in p["top"].items()},
+                )
+                for p in data["logprobs"]
+            ]
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class SideJob:
+    target: ServerTarget
+    specs: list[RequestSpec]  # sent in order, at most `concurrency` in flight
+    concurrency: int | None = None  # this server's share of the level's C; None: all of it
+
+
+def empty_record(target: ServerTarget, spec: RequestSpec) -> RequestRecord:
+    """The record of `spec` before any answer: nothing measured, sent now."""
+    return RequestRecord(
+        side=target.side,
+        replica=target.replica,
+        request_id=spec.request_id,
+        prompt_id=spec.prompt_id,
+        level=spec.level,
+        repeat=spec.repeat,
+        index=spec.index,
+        cache_salt=spec.cache_salt,
+        sent_at=time.time(),
+        ttft_s=None,
+        itl_s=[],
+        e2el_s=None,
+        text="",
+        token_ids=None,
+        finish_reason=None,
+        prompt_tokens=None,
+        output_tokens=None,
+        logprobs=None,
+        http_status=None,
+        error=None,
+        warmup=spec.warmup,
+    )

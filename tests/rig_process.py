@@ -1,0 +1,147 @@
+"""`python -m rig.run` as a user runs it, watched from outside: its records as they are written,
+signals as a terminal sends them, and the processes it leaves behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class RigRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path
+    left_in_group: tuple[int, ...] = ()  # processes of the rig's process group still alive
+
+    def manifest(self) -> dict:
+        return json.loads((self.run_dir / "manifest.json").read_text())
+
+    def read(self, name: str) -> str:
+        return (self.run_dir / name).read_text(encoding="utf-8")
+
+    def records(self) -> list[dict]:
+        return read_records(self.run_dir)
+
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("rig: error:")]
+
+    def gate(self, name: str) -> dict:
+        return next(g for g in self.manifest()["verdict"]["gates"] if g["name"] == name)
+
+
+def assert_could_not_be_made(run: RigRun, message: str) -> None:
+    """Exit 2, one `rig: error:` line saying `message`, no traceback, no process left behind
+    (in the rig's process group, or writing into its results folder)."""
+    assert run.returncode == 2, run.stderr[-3000:]
+    (line,) = run.error_lines()
+    assert message in line, line
+    assert "Traceback" not in run.stderr
+    assert run.left_in_group == () and processes_logging_into(run.run_dir) == []
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """Every line of requests.jsonl as JSON: a line cut short fails here."""
+    path = run_dir / "requests.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def group_members(pgid: int) -> tuple[int, ...]:
+    """Live (not zombie) processes of a process group."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return tuple(members)
+
+
+def processes_logging_into(folder: Path) -> list[int]:
+    """Processes whose stdout is a file in `folder`: a run's servers and everything they forked,
+    whatever process group or session they moved to."""
+    found = []
+    for fd in Path("/proc").glob("[0-9]*/fd/1"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith(f"{folder}/"):
+            found.append(int(fd.parent.parent.name))
+    return found
+
+
+class LiveRig:
+    """A running `python -m rig.run`, in a session of its own as from a terminal."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        run_dir: Path,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rig.run", *argv],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"the run ended (code {self.process.returncode}) before {what}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout_s} s")
+            time.sleep(0.02)
+
+    def records(self) -> list[dict]:
+        """The complete lines written so far (the last one may be half written)."""
+        path = self.run_dir / "requests.jsonl"
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1] if path.exists() else []
+        return [json.loads(line) for line in lines]
+
+    def interrupt(self, signum: int) -> None:
+        """SIGINT goes to the whole process group, as Ctrl-C does; other signals to the rig."""
+        if signum == signal.SIGINT:
+            os.killpg(self.process.pid, signum)
+        else:
+            self.process.send_signal(signum)
+
+    def finish(self, timeout_s: float = 300) -> RigRun:
+        try:
+            stdout, stderr = self.process.communicate(timeout=timeout_s)
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        time.sleep(0.2)  # children the rig did not wait for are still exiting
+        return RigRun(
+            self.process.returncode,
+            stdout,
+            stderr,
+            self.run_dir,
+            group_members(self.process.pid),
+        )

@@ -1,0 +1,332 @@
+"""Faults injected into whole runs of `python -m rig.run` against paced stub servers attached by
+url: what only a stub does on demand (HTTP 409/429/500 mid-level, a stream that stops sending,
+malformed SSE, a request that is never answered, a dropped connection), signals during the
+load followed by --resume, results that cannot be written, and a port taken between plan and
+start. Real servers failing: tests/e2e/test_faults.py.
+
+For every fault: the exit code, one `rig: error:` line when the run could not be made, every
+finished record on disk, nothing left in the rig's process group. A run attached to servers it
+did not start has no kernel proof and is INVALID whatever happens, so the verdict word is not
+what these tests check; the gate the fault should fail is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rig.scenario import Scenario
+from rig.servers import Hardware, ServerError, ServerSet, plan_servers
+from tests.rig_process import (
+    LiveRig,
+    RigRun,
+    assert_could_not_be_made,
+    group_members,
+    read_records,
+)
+
+PROMPTS = "prompts/prompts.jsonl"
+
+
+class StubProcess:
+    """`python -m rig.stub_server` in a session of its own, with faults by arrival index."""
+
+    def __init__(self, *faults: str, itl_ms: float = 10, tokens: int = 8) -> None:
+        argv = [sys.executable, "-m", "rig.stub_server", "--port", "0", "--ttft-ms", "20"]
+        argv += ["--itl-ms", str(itl_ms), "--tokens", str(tokens)]
+        for fault in faults:
+            argv += ["--fault", fault]
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        line = self.process.stdout.readline()  # type: ignore[union-attr]
+        self.url = re.search(r"http://\S+", line)[0]  # type: ignore[index]
+
+    def request_ids(self) -> set[str]:
+        """The X-Request-Id of every generation request the stub received."""
+        with urllib.request.urlopen(self.url + "/stub/log", timeout=10) as response:
+            return {entry["key"] for entry in json.loads(response.read())["requests"]}
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def stub_pair(*candidate_faults: str, **pacing):
+    reference, candidate = StubProcess(**pacing), StubProcess(*candidate_faults, **pacing)
+    try:
+        yield reference, candidate
+    finally:
+        reference.stop()
+        candidate.stop()
+
+
+def scenario_file(folder: Path, reference_url: str, candidate_url: str, **workload) -> Path:
+    data = {
+        "name": "faults",
+        "model": {"name": "stub/model"},
+        "reference": {"url": reference_url},
+        "candidate": {"url": candidate_url},
+        "workload": {
+            "prompts": [{"path": PROMPTS, "limit": 4}],
+            "concurrency": [1],
+            "max_tokens": 8,
+            "top_logprobs": 2,
+            "timeout_s": 2,
+            **workload,
+        },
+        "drift": {"enabled": False},
+        "results_dir": str(folder / "results"),
+    }
+    path = folder / "faults.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def start(scenario: Path, run_id: str, *args: str, **options) -> LiveRig:
+    results = Path(yaml.safe_load(scenario.read_text())["results_dir"])
+    return LiveRig(
+        [str(scenario), "--no-cache", "--run-id", run_id, *args], results / run_id, **options
+    )
+
+
+def by_side(records: list[dict], side: str) -> dict[str, dict]:
+    return {r["request_id"]: r for r in records if r["side"] == side}
+
+
+# -- HTTP errors, a stalled stream, malformed SSE, no answer, a dropped connection -----------------
+
+TRANSPORT_FAULTS = {  # candidate request index -> (stub fault, error kind in the record)
+    1: ("http_409", "http_409"),
+    2: ("http_429", "http_429"),
+    3: ("http_500", "http_500"),
+    4: ("malformed_sse", "malformed_sse"),
+    5: ("stall", "timeout"),  # the stream stops sending after its first token
+    6: ("hang", "timeout"),  # the request is never answered
+    7: ("drop", "connection"),
+}
+
+
+@pytest.fixture(scope="module")
+def transport_faults(tmp_path_factory) -> RigRun:
+    faults = [f"{index}={fault}" for index, (fault, _) in TRANSPORT_FAULTS.items()]
+    with stub_pair(*faults) as (reference, candidate):
+        scenario = scenario_file(
+            tmp_path_factory.mktemp("transport"),
+            reference.url,
+            candidate.url,
+            prompts=[{"path": PROMPTS, "limit": 8}],
+            timeout_s=1,
+        )
+        return start(scenario, "transport").finish()
+
+
+@pytest.mark.parametrize("index", sorted(TRANSPORT_FAULTS))
+def test_each_transport_fault_is_a_record_of_its_kind(transport_faults, index):
+    fault, kind = TRANSPORT_FAULTS[index]
+    request_id = f"c1-r0-{index:04d}"
+    records = transport_faults.records()
+    assert by_side(records, "candidate")[request_id]["error"].startswith(f"{kind}:"), fault
+    assert by_side(records, "reference")[request_id]["error"] is None
+
+
+def test_transport_faults_keep_every_record_and_fail_the_pathologies_gate(transport_faults):
+    run = transport_faults
+    assert run.returncode == 1, run.stderr[-2000:]  # the run was made; a gate failed
+    assert run.error_lines() == [] and "Traceback" not in run.stderr
+    keys = Counter((r["side"], r["request_id"]) for r in run.records())
+    assert len(keys) == 16 and set(keys.values()) == {1}
+    pathologies = run.gate("pathologies")
+    assert not pathologies["passed"]
+    assert pathologies["detail"].startswith(f"{len(TRANSPORT_FAULTS)} candidate-only or transport")
+    assert run.left_in_group == ()
+
+
+# -- SIGINT (Ctrl-C) and SIGTERM during the load, then --resume ----------------------------------
+
+LEVELS = [1, 2]
+PER_LEVEL = 6
+LOG_FAULT = "Traceback (most recent call last):\n"
+
+
+@dataclasses.dataclass
+class Interrupted:
+    interrupted: RigRun
+    records_then: list[dict]  # the interrupted run's files, before the resume rewrote them
+    gates_then: dict[str, dict]
+    pairs_then: int
+    sent: dict[str, set[str]]  # side -> request ids its stub received before the resume
+    resumed: RigRun
+
+
+def _finished_pair_in_level(rig: LiveRig, level: int) -> bool:
+    records = [r for r in rig.records() if r["level"] == level and r["error"] is None]
+    ids = Counter(r["request_id"] for r in records)
+    return any(count == 2 for count in ids.values())
+
+
+@pytest.fixture(scope="module", params=[signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def interrupted(request, tmp_path_factory) -> Interrupted:
+    """A fault line lands in the candidate's server log during level 1 (an attached server has
+    no log of the rig's; the rig reads that file all the same), the signal comes in level 2
+    once a pair has finished there, then the run is resumed."""
+    with stub_pair(itl_ms=40, tokens=12) as (reference, candidate):
+        scenario = scenario_file(
+            tmp_path_factory.mktemp("signals"),
+            reference.url,
+            candidate.url,
+            prompts=[{"path": PROMPTS, "limit": PER_LEVEL}],
+            concurrency=LEVELS,
+            max_tokens=12,
+        )
+        rig = start(scenario, "interrupted")
+        rig.wait_for(lambda: len(rig.records()) >= 1, "a first record")
+        with open(rig.run_dir / "server-candidate.log", "a", encoding="utf-8") as log:
+            log.write(LOG_FAULT)
+        rig.wait_for(lambda: _finished_pair_in_level(rig, 2), "a finished pair in level 2")
+        rig.interrupt(request.param)
+        interrupted = rig.finish()
+        records_then = interrupted.records()
+        verdict = interrupted.manifest()["verdict"]
+        gates_then = {gate["name"]: gate for gate in verdict["gates"]}
+        sent = {"reference": reference.request_ids(), "candidate": candidate.request_ids()}
+        resumed = start(scenario, "interrupted", "--resume").finish()
+    return Interrupted(
+        interrupted, records_then, gates_then, verdict["counts"]["pairs"], sent, resumed
+    )
+
+
+def test_an_interrupted_run_exits_2_with_one_error_line_and_leaves_nothing(interrupted):
+    assert_could_not_be_made(interrupted.interrupted, "interrupted")
+    assert (interrupted.interrupted.run_dir / "summary.md").exists()
+
+
+def test_an_interrupted_run_keeps_a_record_of_every_request_it_sent(interrupted):
+    for side, sent in interrupted.sent.items():
+        on_disk = by_side(interrupted.records_then, side)
+        assert sent <= set(on_disk), side
+        assert {r["level"] for r in on_disk.values()} == set(LEVELS)
+
+
+def test_the_log_fault_of_level_1_counts_in_the_interrupted_run(interrupted):
+    """Guards the xfail below: the fault is seen before the interrupt."""
+    assert "1 server-log faults" in interrupted.gates_then["pathologies"]["detail"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Ctrl-C keeps records but compares none of the interrupted level (rig/run.py: the "
+    "records of a level reach the run's state only when run_level returns)",
+)
+def test_an_interrupted_level_compares_the_pairs_that_finished(interrupted):
+    finished = Counter(
+        r["request_id"]
+        for r in interrupted.records_then
+        if not (r["error"] or "").startswith("cancelled")
+    )
+    both = sum(1 for count in finished.values() if count == 2)
+    assert interrupted.pairs_then == both
+
+
+def test_resume_after_an_interrupt_has_every_record_once(interrupted):
+    run = interrupted.resumed
+    assert run.returncode == 1, run.stderr[-2000:]  # completed; attached runs are INVALID
+    assert "1 finished level(s) kept" in run.stdout
+    keys = Counter((r["side"], r["level"], r["request_id"]) for r in run.records())
+    assert len(keys) == 2 * len(LEVELS) * PER_LEVEL and set(keys.values()) == {1}
+    kept = [r for r in interrupted.records_then if r["level"] == LEVELS[0]]
+    assert [r for r in run.records() if r["level"] == LEVELS[0]] == kept
+    assert run.left_in_group == ()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="resume forgets faults: server-log faults (LevelFault) live only in memory, so the "
+    "kept levels' faults drop out of the pathologies gate (rig/run.py)",
+)
+def test_resume_keeps_the_faults_of_the_kept_levels(interrupted):
+    assert "1 server-log faults" in interrupted.resumed.gate("pathologies")["detail"]
+
+
+# -- results that cannot be written ----------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a results folder that cannot be created ends in a traceback and exit 1 "
+    "(rig/run.py: run_dir.mkdir is outside the handled errors)",
+)
+def test_a_results_folder_that_cannot_be_created_is_one_error_line(tmp_path):
+    (tmp_path / "results").write_text("a file where the results folder should be")
+    scenario = scenario_file(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9")
+    assert_could_not_be_made(start(scenario, "blocked").finish(), str(tmp_path / "results"))
+
+
+def _disk_of(size: int):
+    """The rig's files stop growing at `size` bytes (EFBIG, as a full disk's ENOSPC)."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    return limit
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a full disk mid-level ends in a traceback and exit 1 with a record cut in half "
+    "(rig/run.py: RecordSink and run_phases do not handle OSError)",
+)
+def test_a_full_disk_mid_level_is_one_error_line_and_whole_records(tmp_path):
+    with stub_pair() as (reference, candidate):
+        scenario = scenario_file(
+            tmp_path, reference.url, candidate.url, prompts=[{"path": PROMPTS, "limit": 8}]
+        )
+        run = start(scenario, "full", preexec_fn=_disk_of(12_000)).finish()
+    assert 0 < len(read_records(run.run_dir)) < 16  # whole lines only, or this raises
+    assert_could_not_be_made(run, "File too large")
+
+
+# -- a port taken between plan and start -------------------------------------------------------
+
+
+def test_a_port_taken_after_planning_stops_what_was_started(tmp_path):
+    """The reference is started (a stand-in process, no vLLM), then the candidate's planned
+    port turns out taken: one clear error, and the reference's process group is gone."""
+    scenario = Scenario.model_validate(
+        {"name": "t", "workload": {"prompts": [{"long_tokens": [10]}], "concurrency": [1]}}
+    )
+    plan = plan_servers(scenario, "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
+    sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
+    reference = dataclasses.replace(plan.servers["reference"], argv=sleeper)
+    candidate = plan.servers["candidate"]
+    servers = ServerSet([reference, candidate], startup_timeout_s=5)
+    with socket_on(candidate.port), pytest.raises(ServerError) as raised, servers:
+        pass
+    assert str(raised.value) == f"port {candidate.port} on 127.0.0.1 is already in use"
+    started = servers.servers["reference"].process
+    assert started is not None and started.returncode is not None
+    assert group_members(started.pid) == ()
+
+
+@contextlib.contextmanager
+def socket_on(port: int):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        yield
