@@ -233,7 +233,7 @@ def test_records_that_cannot_be_kept_stop_the_level_with_the_error(isolation):
 
     with serve_in_thread(FAST) as stub:
         with pytest.raises(OSError, match="No space left"):
-            one_side(stub, [spec(i) for i in range(12)], on_record=keep, isolation=isolation)
+            one_side(stub, [spec(i) for i in range(12)], 1, on_record=keep, isolation=isolation)
         sent = len(stub.log)
     assert [r.request_id for r in kept] == ["r0", "r1"]
     assert sent < 12
