@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 TINY_MODEL = "tiny"
+EMBEDDED_MODELS = (TINY_MODEL, "tiny-lm")  # built locally by rig.tiny_lm.ensure_embedded_model
 SIDES = ("reference", "candidate")
 
 
@@ -35,7 +36,10 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """What both servers serve, with the flags they share."""
 
-    name: str = Field(TINY_MODEL, description="HF id, local path, or 'tiny' (the embedded model)")
+    name: str = Field(
+        TINY_MODEL,
+        description="HF id, local path, 'tiny' or 'tiny-lm' (the embedded models)",
+    )
     served_name: str | None = None
     dtype: str = "bfloat16"
     max_model_len: int | None = Field(None, gt=0)
@@ -48,6 +52,11 @@ class ModelConfig(_Strict):
     @property
     def is_tiny(self) -> bool:
         return self.name == TINY_MODEL
+
+    @property
+    def is_embedded(self) -> bool:
+        """A model the rig builds itself (rig.tiny_lm.EMBEDDED_MODELS), not a path or hub id."""
+        return self.name in EMBEDDED_MODELS
 
 
 class SideConfig(_Strict):
