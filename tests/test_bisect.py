@@ -57,9 +57,7 @@ def test_ns4_stays_within_every_bound():
 
 
 def test_inputs_that_differ_first_point_upstream_of_the_gdn_kernels():
-    calls = bisect.compare_calls(
-        _captures(VLLM_CPU_REFERENCE), _captures("ns4", shift_layer2=0.5)
-    )
+    calls = bisect.compare_calls(_captures(VLLM_CPU_REFERENCE), _captures("ns4", shift_layer2=0.5))
     first = _result(calls).first_divergent
     assert (first.layer, first.call) == (LAYERS[1], 0)
     assert not first.inputs_agree
