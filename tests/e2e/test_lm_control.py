@@ -74,8 +74,8 @@ def test_greedy_margins_look_like_a_small_language_model(lm_ns4_run):
     assert len(margins) == 50 * 48
     under_one = sum(m < 1.0 for m in margins) / len(margins)
     under_near_tie = sum(m < 0.25 for m in margins) / len(margins)
-    assert under_one >= 0.3
-    assert under_near_tie >= 0.05
+    assert under_one >= 0.5
+    assert under_near_tie >= 0.1
 
 
 def test_ns4_is_equivalent_with_drift_under_its_gate(lm_ns4_run):
