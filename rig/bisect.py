@@ -24,7 +24,7 @@ import csv
 import json
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kernels.accuracy import tensor_error
@@ -94,6 +94,7 @@ class BisectResult:
     prompt_id: str
     texts: dict[str, str]
     calls: list[CallComparison]
+    servers: dict[str, list[str]] = field(default_factory=dict)  # argv of each side's server
 
     @property
     def first_divergent(self) -> CallComparison | None:
@@ -173,10 +174,17 @@ def request_spec(run: FinishedRun, request_id: str, side: str, salt_run_id: str)
 # --- capture on live servers ---------------------------------------------------------------
 
 
-def capture_request(
-    run: FinishedRun, request_id: str, out_dir: Path
-) -> tuple[dict[str, Path], dict[str, RequestRecord]]:
-    """Start both sides with capture on, send the request to each; capture folders per side."""
+@dataclass(frozen=True)
+class CapturedRequest:
+    """What each side's server captured and answered for the one request."""
+
+    capture_dirs: dict[str, Path]
+    records: dict[str, RequestRecord]
+    argv: dict[str, list[str]]
+
+
+def capture_request(run: FinishedRun, request_id: str, out_dir: Path) -> CapturedRequest:
+    """Start both sides with capture on and send the request to each."""
     scenario = run.scenario
     capture_dirs = {side: (out_dir / "capture" / side).resolve() for side in SIDES}
     updates = {}
@@ -207,7 +215,8 @@ def capture_request(
                     progress=False,
                 )
                 records[side] = result[side][0]
-    return capture_dirs, records
+    argv = {side: list(server.argv) for side, server in plan.servers.items()}
+    return CapturedRequest(capture_dirs, records, argv)
 
 
 # --- comparison ----------------------------------------------------------------------------
@@ -299,15 +308,16 @@ def bisect(run_dir: Path, request_id: str | None = None) -> tuple[BisectResult, 
     out_dir = run_dir / f"bisect-{request_id}"
     spec = request_spec(run, request_id, "reference", "bisect")
     print(f"rig bisect: {request_id} ({spec.prompt_id}) on fresh servers, GDN capture on")
-    capture_dirs, records = capture_request(run, request_id, out_dir)
-    calls = [request_calls(capture_dirs[side]) for side in SIDES]
+    captured = capture_request(run, request_id, out_dir)
+    calls = [request_calls(captured.capture_dirs[side]) for side in SIDES]
     if not calls[0] or not calls[1]:
         raise BisectError("no GDN prefill call was captured (is the rig's vLLM plugin installed?)")
     result = BisectResult(
         request_id=request_id,
         prompt_id=spec.prompt_id,
-        texts={side: record.text for side, record in records.items()},
+        texts={side: record.text for side, record in captured.records.items()},
         calls=compare_calls(*calls),
+        servers=captured.argv,
     )
     write_result(result, out_dir)
     return result, out_dir
@@ -327,6 +337,7 @@ def write_result(result: BisectResult, out_dir: Path) -> None:
         "first_divergent": asdict(first) if first else None,
         "closer_to_float64": first.closer_to_float64 if first else None,
         "texts": result.texts,
+        "servers": result.servers,
         "calls": rows,
     }
     (out_dir / "bisect.json").write_text(json.dumps(summary, indent=2, allow_nan=True) + "\n")
