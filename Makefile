@@ -20,7 +20,7 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv browser e2e test test-gpu tiny-model kernel-check bench-client lint format clean
+.PHONY: venv browser e2e test test-gpu tiny-model tiny-lm kernel-check bench-client lint format clean
 
 venv: $(VENV)/.installed
 
@@ -52,6 +52,9 @@ test-gpu: venv
 
 tiny-model: venv
 	$(PY) -m rig.tiny_model $(or $(OUT),.cache/tiny-model)
+
+tiny-lm: venv
+	$(PY) -m rig.tiny_lm $(or $(OUT),.cache/tiny-lm)
 
 kernel-check: venv
 	$(PY) -m kernels.check $(ARGS)

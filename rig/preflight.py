@@ -106,10 +106,10 @@ def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
     """Find the model without loading it: PreflightError when it cannot be had."""
     name = scenario.model.name
     declared = int(scenario.model.weights_gib * GIB) if scenario.model.weights_gib else None
-    if scenario.model.is_tiny:
-        from rig.tiny_model import ensure_tiny_model
+    if scenario.model.is_embedded:
+        from rig.tiny_lm import ensure_embedded_model
 
-        folder = ensure_tiny_model()
+        folder = ensure_embedded_model(name)
         return ModelLocation(str(folder), "embedded", checkpoint_bytes(folder))
     path = Path(name).expanduser()
     if path.exists():

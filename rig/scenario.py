@@ -26,6 +26,7 @@ from pydantic import (
 from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"
+EMBEDDED_MODELS = (TINY_MODEL, "tiny-lm")  # built locally by rig.tiny_lm.ensure_embedded_model
 SIDES = ("reference", "candidate")
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "presets"
 GdnBackend = Literal["triton", "flashinfer", "cutedsl"]
@@ -71,7 +72,10 @@ class _Served(_Strict):
 class ModelConfig(_Served):
     """What both servers serve, with the flags they share."""
 
-    name: str = Field(TINY_MODEL, description="HF id, local path, or 'tiny' (the embedded model)")
+    name: str = Field(
+        TINY_MODEL,
+        description="HF id, local path, 'tiny' or 'tiny-lm' (the embedded models)",
+    )
     preset: str | None = Field(None, description="set by the rig: the preset the name resolved to")
     served_name: str | None = None
     dtype: str = "bfloat16"
@@ -93,6 +97,11 @@ class ModelConfig(_Served):
     @property
     def is_tiny(self) -> bool:
         return self.name == TINY_MODEL
+
+    @property
+    def is_embedded(self) -> bool:
+        """A model the rig builds itself (rig.tiny_lm.EMBEDDED_MODELS), not a path or hub id."""
+        return self.name in EMBEDDED_MODELS
 
 
 class SideConfig(_Served):

@@ -275,7 +275,7 @@ def plan_servers(
     """Build identical argv/env for each server, differing only in what the scenario declares
     for a side and in where the placement puts it."""
     model = scenario.model
-    served_model = model.served_name or ("rig-tiny" if model.is_tiny else model.name)
+    served_model = model.served_name or (f"rig-{model.name}" if model.is_embedded else model.name)
     attached = [side for side in sides if scenario.side(side).url is not None]
     launched = tuple(side for side in sides if side not in attached)
     placement = place(scenario, hardware, launched, copies)

@@ -36,6 +36,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,7 @@ PROMPTS_FILE = REPO_ROOT / "prompts" / "prompts.jsonl"
 DEFAULT_CACHE_ROOT = Path(".cache/tiny-model")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 LAYER_TYPES = ("linear_attention", "full_attention", "linear_attention", "full_attention")
+PARAMS_FILE = "tiny_model_params.json"
 REGIME_DIM = 0  # the residual dimension that holds the constant the GDN layers read
 
 # Qwen-style chat markup. `enable_thinking` is accepted and ignored: the model has no thinking
@@ -65,19 +67,12 @@ CHAT_TEMPLATE = (
 )
 
 
-class TinyModelParams(BaseModel):
-    """Every input of the generator; equal params give bit-identical files.
-
-    The generator's own source and library versions are inputs too, so a code change or an
-    upgrade never serves a stale cached model (a rebuild takes about a second).
-    """
+class ModelShape(BaseModel):
+    """The Qwen3-Next architecture numbers of an embedded model: what config.json and the
+    reference forward read. Defaults are the constructed tiny model's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    corpus_sha256: str
-    generator_sha256: str
-    libraries: str
-    seed: int = 0
     vocab_size: int = 4096
     hidden_size: int = 256
     num_attention_heads: int = 4
@@ -90,6 +85,24 @@ class TinyModelParams(BaseModel):
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 128
     max_position_embeddings: int = 16384
+
+    def key(self) -> str:
+        """Cache key: a hash of every field."""
+        blob = json.dumps(self.model_dump(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class TinyModelParams(ModelShape):
+    """Every input of the generator; equal params give bit-identical files.
+
+    The generator's own source and library versions are inputs too, so a code change or an
+    upgrade never serves a stale cached model (a rebuild takes about a second).
+    """
+
+    corpus_sha256: str
+    generator_sha256: str
+    libraries: str
+    seed: int = 0
     beta: float = 0.9  # GDN write strength of every token
     a_log: float = -30.0  # g = -exp(a_log) * softplus(dt_bias) ~ -6e-14: no decay
     key_spread: float = 0.02  # token-dependent part of the keys; more leaks into long prompts
@@ -98,11 +111,6 @@ class TinyModelParams(BaseModel):
     gdn_write: float = -2.0  # GDN output = gdn_write * input code: flips the residual's sign
     side_scale: float = 0.05  # output scale of attention and MoE relative to the residual
     logit_scale: float = 20.0  # logit of the predicted token; margins are ~half of it
-
-    def key(self) -> str:
-        """Cache key: a hash of every parameter."""
-        blob = json.dumps(self.model_dump(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def corpus_texts(prompts_file: Path = PROMPTS_FILE) -> list[str]:
@@ -177,7 +185,7 @@ def printable_token_ids(tokenizer: Tokenizer) -> list[int]:
 # --- config and weights --------------------------------------------------------------------
 
 
-def hf_config(params: TinyModelParams) -> dict:
+def hf_config(params: ModelShape) -> dict:
     """config.json of a Qwen3NextForCausalLM with every layer MoE (vLLM needs one at least)."""
     return {
         "architectures": ["Qwen3NextForCausalLM"],
@@ -400,7 +408,7 @@ class GdnKernelInputs:
 
 def forward(
     weights: dict[str, torch.Tensor],
-    params: TinyModelParams,
+    params: ModelShape,
     token_ids: torch.Tensor,
     captured: list[GdnKernelInputs] | None = None,
 ) -> torch.Tensor:
@@ -574,35 +582,50 @@ def build_tiny_model(
     started = time.monotonic()
     _progress(f"training a {params.vocab_size}-token byte-level BPE on {len(texts)} texts")
     tokenizer = train_tokenizer(texts, params.vocab_size)
-    write_tokenizer_files(tokenizer, out_dir)
     _progress(f"constructing weights (seed {params.seed})")
     weights = construct_weights(params, tokenizer)
-    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out_dir / "config.json", hf_config(params))
-    _write_json(
-        out_dir / "generation_config.json",
-        {"eos_token_id": [2, 0], "pad_token_id": 0, "do_sample": False},
-    )
-    _write_json(out_dir / "tiny_model_params.json", params.model_dump())
+    write_checkpoint(out_dir, params, tokenizer, weights, PARAMS_FILE)
     _progress(f"built in {time.monotonic() - started:.1f} s: {out_dir}")
     return out_dir
 
 
+def write_checkpoint(
+    out_dir: Path,
+    shape: ModelShape,
+    tokenizer: Tokenizer,
+    weights: dict[str, torch.Tensor],
+    params_file: str,
+) -> None:
+    """Everything vLLM loads (config, tokenizer, BF16 safetensors) plus the params that made it."""
+    write_tokenizer_files(tokenizer, out_dir)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out_dir / "config.json", hf_config(shape))
+    _write_json(
+        out_dir / "generation_config.json",
+        {"eos_token_id": [2, 0], "pad_token_id": 0, "do_sample": False},
+    )
+    _write_json(out_dir / params_file, shape.model_dump())
+
+
 def ensure_tiny_model(cache_root: Path = DEFAULT_CACHE_ROOT) -> Path:
-    """The tiny model for the current prompts, built on first use and cached by params hash.
+    """The tiny model for the current prompts, built on first use and cached by params hash."""
+    params = default_params()
+    return ensure_built(Path(cache_root) / params.key(), lambda out: build_tiny_model(out, params))
+
+
+def ensure_built(final: Path, build: Callable[[Path], object]) -> Path:
+    """`final` if it holds a model, else build(staging folder) and rename it to `final`.
 
     The build goes to a private temporary folder renamed into place at the end, so an
     interrupted build never leaves a half model behind and concurrent builds do not collide.
     """
-    params = default_params()
-    final = Path(cache_root) / params.key()
     if (final / "model.safetensors").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.parent / f".{final.name}.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        build_tiny_model(staging, params)
+        build(staging)
         try:
             staging.rename(final)
         except OSError:
@@ -618,9 +641,7 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def load_params(model_dir: Path) -> TinyModelParams:
-    return TinyModelParams.model_validate_json(
-        (Path(model_dir) / "tiny_model_params.json").read_text()
-    )
+    return TinyModelParams.model_validate_json((Path(model_dir) / PARAMS_FILE).read_text())
 
 
 def _write_json(path: Path, content: dict) -> None:
