@@ -57,6 +57,7 @@ class LevelFault:
     kind: str
     line: str
     failed_requests: str = ""  # ids of that side's requests that failed in that level
+    repeat: int = 0
 
 
 @dataclass

@@ -51,6 +51,7 @@ from rig.workload import WorkloadError, level_requests, resolve_prompts, tokeniz
 EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
 AA_SIDE = "reference-aa"
 PREFIX_CACHE_FILE = "prefix_cache.jsonl"
+FAULTS_FILE = "faults.jsonl"
 
 
 def is_aa_run(scenario: Scenario) -> bool:
@@ -60,19 +61,39 @@ def is_aa_run(scenario: Scenario) -> bool:
 
 
 class RecordSink:
-    """Appends each record to requests.jsonl the moment it completes, so nothing is lost."""
+    """Appends each record to requests.jsonl the moment it completes, so nothing is lost; a
+    record the disk cannot take is cut back out, so the file holds whole lines only."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # backslashreplace: a lone surrogate in model output must not lose the record
-        self.handle = open(path, "a", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+        self.handle = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
 
     def __call__(self, record: RequestRecord) -> None:
-        self.handle.write(record.to_json() + "\n")
-        self.handle.flush()
+        # backslashreplace: a lone surrogate in model output must not lose the record
+        data = memoryview((record.to_json() + "\n").encode("utf-8", errors="backslashreplace"))
+        end = os.fstat(self.handle.fileno()).st_size
+        try:
+            while data:
+                data = data[self.handle.write(data) :]
+        except OSError as exc:
+            os.ftruncate(self.handle.fileno(), end)
+            raise OSError(exc.errno, f"{self.path}: {exc.strerror}") from None
 
     def close(self) -> None:
         self.handle.close()
+
+
+def append_jsonl(path: Path, row: object) -> None:
+    """One dataclass as one JSON line (the run's small side files, kept for --resume)."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(asdict(row)) + "\n")
+
+
+def read_jsonl(path: Path, kind: type) -> list:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [kind(**json.loads(line)) for line in lines if line]
 
 
 @dataclass
@@ -153,23 +174,28 @@ class Runner:
         complete = {
             key
             for key, group in groups.items()
-            if len(group) == expected
-            and not any((r.error or "").startswith("cancelled") for r in group)
+            if len(group) == expected and all(_finished(r) for r in group)
         }
+        faults = read_jsonl(self.run_dir / FAULTS_FILE, LevelFault)
+        died = {(f.level, f.repeat) for f in faults if f.kind == "server_died"}
         self.done_levels = {
             (level, repeat)
             for (_, level, repeat) in complete
             if all((side, level, repeat) in complete for side in SIDES)
+            and (level, repeat) not in died
         }
+        self.state.faults = [f for f in faults if (f.level, f.repeat) in self.done_levels]
         kept = [r for r in records if (r.level, r.repeat) in self.done_levels]
         with open(records_path, "w", encoding="utf-8", errors="backslashreplace") as handle:
             handle.writelines(record.to_json() + "\n" for record in kept)
         self.state.records = kept
-        prefix_path = self.run_dir / PREFIX_CACHE_FILE
-        if prefix_path.exists():
-            lines = prefix_path.read_text(encoding="utf-8").splitlines()
-            deltas = [PrefixCacheDelta(**json.loads(line)) for line in lines if line]
-            self.state.prefix_cache = [d for d in deltas if (d.level, d.repeat) in self.done_levels]
+        deltas = read_jsonl(self.run_dir / PREFIX_CACHE_FILE, PrefixCacheDelta)
+        self.state.prefix_cache = [d for d in deltas if (d.level, d.repeat) in self.done_levels]
+        for name, rows in ((PREFIX_CACHE_FILE, deltas), (FAULTS_FILE, faults)):
+            kept_rows = [r for r in rows if (r.level, r.repeat) in self.done_levels]
+            (self.run_dir / name).write_text(
+                "".join(json.dumps(asdict(r)) + "\n" for r in kept_rows)
+            )
         print(
             f"rig: resuming: {len(self.done_levels)} finished level(s) kept "
             f"({len(kept)} records), the rest run again",
@@ -265,12 +291,11 @@ class Runner:
             timeout_s=workload.timeout_s,
             request_rate=workload.request_rate,
             burstiness=workload.burstiness,
-            on_record=self.sink,
+            on_record=self.keep_record,
             level_timeout_s=workload.level_timeout_s,
             seed=workload.seed,
         )
         level_records = [record for side_records in results.values() for record in side_records]
-        self.state.records += level_records
         for label, server in servers.items():
             failed = [
                 r.request_id
@@ -282,16 +307,15 @@ class Runner:
                 f" (+{len(failed) - 20})" if len(failed) > 20 else ""
             )
             for fault in scan_log(label, server.log_text(offsets[label])):
-                self.state.faults.append(LevelFault(label, level, fault.kind, fault.line, affected))
+                self.record_fault(
+                    LevelFault(label, level, fault.kind, fault.line, affected, repeat)
+                )
             self.state.peak_rss_mb[label] = max(
                 self.state.peak_rss_mb.get(label, 0.0), server.rss_bytes() / 2**20
             )
             if server.exited() is not None:
-                self.state.faults.append(
-                    LevelFault(
-                        label, level, "server_died", f"exit code {server.exited()}", affected
-                    )
-                )
+                died = f"exit code {server.exited()}"
+                self.record_fault(LevelFault(label, level, "server_died", died, affected, repeat))
                 raise ServerError(
                     f"{label} server died during level C={level}; log {server.plan.log_path}:\n"
                     f"{server.log_tail()}"
@@ -329,10 +353,19 @@ class Runner:
                 jobs.append(SideJob(target, [specs[i] for i in indices], concurrency))
         return jobs
 
+    def keep_record(self, record: RequestRecord) -> None:
+        """On disk and in the run's state as it completes: an interrupted level still
+        compares the pairs that finished."""
+        self.sink(record)
+        self.state.records.append(record)
+
+    def record_fault(self, fault: LevelFault) -> None:
+        self.state.faults.append(fault)
+        append_jsonl(self.run_dir / FAULTS_FILE, fault)
+
     def record_prefix_cache(self, delta: PrefixCacheDelta) -> None:
         self.state.prefix_cache.append(delta)
-        with open(self.run_dir / PREFIX_CACHE_FILE, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(asdict(delta)) + "\n")
+        append_jsonl(self.run_dir / PREFIX_CACHE_FILE, delta)
 
     def run_drift(self, servers: dict[str, Server]) -> None:
         if not self.scenario.drift.enabled:
@@ -427,8 +460,9 @@ class Runner:
 
     def outcome(self, error: str | None) -> RunOutcome:
         scenario, state = self.scenario, self.state
-        reference = [r for r in state.records if r.side == "reference"]
-        candidate = [r for r in state.records if r.side == "candidate"]
+        finished = [r for r in state.records if _finished(r)]
+        reference = [r for r in finished if r.side == "reference"]
+        candidate = [r for r in finished if r.side == "candidate"]
         answered = {r.request_id for r in candidate}
         reference = [r for r in reference if r.request_id in answered]
         pairs = compare_pairs(
@@ -490,6 +524,11 @@ class Runner:
         if "reference" not in forced or side not in forced:
             return []
         return drift_results(self.state.sequences, forced["reference"], forced[side])
+
+
+def _finished(record: RequestRecord) -> bool:
+    """Not cut off by an interrupt: a cancelled request says nothing about either kernel."""
+    return not (record.error or "").startswith("cancelled")
 
 
 def _failed(verdict: Verdict, error: str) -> Verdict:
@@ -696,18 +735,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan:
             print(render_plan(checked, len(prompts)))
             return EXIT_PASS
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ScenarioError(f"results folder {run_dir}: {exc.strerror}") from None
         cache = None if args.no_cache else GoldenCache(args.cache_dir)
         runner = Runner(
             scenario, run_id, run_dir, checked.plan, checked.model.path, cache, resume=args.resume
         )
+        (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
+        servers = build_manifest(scenario, runner.plan, runner.model_path)["servers"]
+        (run_dir / "servers.json").write_text(json.dumps(servers, indent=2))
     except (ScenarioError, PromptFileError, WorkloadError, PreflightError, ServerError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
-    (run_dir / "servers.json").write_text(
-        json.dumps(build_manifest(scenario, runner.plan, runner.model_path)["servers"], indent=2)
-    )
+    except OSError as exc:  # the results folder cannot be written
+        print(f"rig: error: results folder {run_dir}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     mode = runner.plan.placement.describe()
     if runner.golden is not None:
         mode = f"reference from the golden cache (run {runner.golden.source_run})"
@@ -723,6 +767,13 @@ def main(argv: list[str] | None = None) -> int:
         error = str(exc)
     except KeyboardInterrupt:
         error = "interrupted (Ctrl-C or SIGTERM); servers stopped, partial results kept"
+    except OSError as exc:  # the results folder stopped taking writes: no report can follow
+        print(
+            f"rig: error: writing the results failed ({exc}); servers stopped, the records "
+            f"written so far are whole lines in {run_dir / 'requests.jsonl'}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     finally:
         runner.sink.close()
     runner.state.timings["wall_s"] = time.monotonic() - wall_start

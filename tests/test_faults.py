@@ -225,15 +225,10 @@ def test_an_interrupted_run_keeps_a_record_of_every_request_it_sent(interrupted)
 
 
 def test_the_log_fault_of_level_1_counts_in_the_interrupted_run(interrupted):
-    """Guards the xfail below: the fault is seen before the interrupt."""
+    """Guards the resume test below: the fault is seen before the interrupt."""
     assert "1 server-log faults" in interrupted.gates_then["pathologies"]["detail"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Ctrl-C keeps records but compares none of the interrupted level (rig/run.py: the "
-    "records of a level reach the run's state only when run_level returns)",
-)
 def test_an_interrupted_level_compares_the_pairs_that_finished(interrupted):
     finished = Counter(
         r["request_id"]
@@ -255,11 +250,6 @@ def test_resume_after_an_interrupt_has_every_record_once(interrupted):
     assert run.left_in_group == ()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resume forgets faults: server-log faults (LevelFault) live only in memory, so the "
-    "kept levels' faults drop out of the pathologies gate (rig/run.py)",
-)
 def test_resume_keeps_the_faults_of_the_kept_levels(interrupted):
     assert "1 server-log faults" in interrupted.resumed.gate("pathologies")["detail"]
 
@@ -267,11 +257,6 @@ def test_resume_keeps_the_faults_of_the_kept_levels(interrupted):
 # -- results that cannot be written ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a results folder that cannot be created ends in a traceback and exit 1 "
-    "(rig/run.py: run_dir.mkdir is outside the handled errors)",
-)
 def test_a_results_folder_that_cannot_be_created_is_one_error_line(tmp_path):
     (tmp_path / "results").write_text("a file where the results folder should be")
     scenario = scenario_file(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9")
@@ -287,11 +272,6 @@ def _disk_of(size: int):
     return limit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a full disk mid-level ends in a traceback and exit 1 with a record cut in half "
-    "(rig/run.py: RecordSink and run_phases do not handle OSError)",
-)
 def test_a_full_disk_mid_level_is_one_error_line_and_whole_records(tmp_path):
     with stub_pair() as (reference, candidate):
         scenario = scenario_file(
