@@ -56,7 +56,7 @@ class Hardware:
     @classmethod
     def detect(cls) -> Hardware:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        gpu_ids, free = _visible_gpus()
+        gpu_ids, free = visible_gpus()
         return cls(
             gpu_count=len(gpu_ids),
             cpu_ids=tuple(sorted(os.sched_getaffinity(0))),
@@ -85,7 +85,7 @@ class Hardware:
         return ",".join(ids[g] for g in gpus)
 
 
-def _visible_gpus() -> tuple[tuple[str, ...], tuple[int, ...]]:
+def visible_gpus() -> tuple[tuple[str, ...], tuple[int, ...]]:
     """GPU ids a child must be given (honouring this process's CUDA_VISIBLE_DEVICES) and their
     free memory, from nvidia-smi; nothing when there is no NVIDIA GPU."""
     try:

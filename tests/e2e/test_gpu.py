@@ -8,35 +8,20 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+
+from rig.servers import visible_gpus
 
 from .conftest import REPO, RigRun, rig_processes
 
 pytestmark = pytest.mark.gpu
 
 
-def visible_gpus() -> list[str]:
-    try:
-        listing = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    ids = [line.strip() for line in listing.splitlines() if line.strip()]
-    wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return [i for i in wanted.split(",") if i in ids] if wanted else ids
-
-
-def needs_gpus(count: int) -> list[str]:
-    found = visible_gpus()
+def needs_gpus(count: int) -> tuple[str, ...]:
+    found, _ = visible_gpus()
     if len(found) < count:
         pytest.skip(f"needs {count} GPUs, {len(found)} visible")
     return found
