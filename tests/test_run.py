@@ -1,12 +1,9 @@
 """The run stage's own decisions, without servers (tests/e2e/ drives whole runs)."""
 
-import json
-
 import pytest
 
-from rig.run import _check_resumable, _cost_comparison, build_manifest, is_aa_run
+from rig.run import _check_resumable, _cost_comparison, is_aa_run
 from rig.scenario import Scenario, ScenarioError
-from rig.servers import Hardware, plan_servers
 
 
 def scenario(**overrides) -> Scenario:
@@ -36,14 +33,3 @@ def test_cost_comparison_puts_both_runs_side_by_side():
     line = _cost_comparison(first, now)
     assert "wall 50.0 s vs 100.0 s" in line and "(0.50x)" in line
     assert "server time 45.0 s vs 180.0 s (0.25x)" in line
-
-
-def test_the_manifest_holds_no_secret(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_API_KEY", "sk-from-env")
-    monkeypatch.setenv("VLLM_HF_TOKEN", "hf-from-env")
-    run = scenario(candidate={"api_key": "sk-secret", "serve_args": ["--dtype", "half"]})
-    plan = plan_servers(run, "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
-    manifest = json.dumps(build_manifest(run, plan, "/m"))
-    for secret in ("sk-secret", "sk-from-env", "hf-from-env"):
-        assert secret not in manifest
-    assert '"VLLM_API_KEY": "<redacted>"' in manifest
