@@ -21,7 +21,7 @@ import pandas as pd
 from rig.records import RequestRecord
 from rig.report_format import DASH, cell, check, esc, missing, number, table
 from rig.report_mismatches import Decode, mismatches_section
-from rig.report_plots import drift_figure, level_figure
+from rig.report_plots import drift_figure, level_figure, margin_figure, side_margins
 
 # (column of summary.csv, header, unit) of the per-level table
 LEVEL_COLUMNS = (
@@ -287,12 +287,27 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
 DRIFT_ROWS = 25
 
 
+def margin_block(records: list[RequestRecord], near_tie_margin: float | None) -> str:
+    """The greedy-margin CDF of both sides, or one line saying why there is none."""
+    png = margin_figure(side_margins(records), near_tie_margin)
+    if png is None:
+        return "<p>No greedy margins: no timed request carries top-k logprobs.</p>"
+    return (
+        f'<figure><img alt="greedy margin distribution" src="data:image/png;base64,{png}">'
+        "<figcaption>Margin of the chosen token over its runner-up at every generated position: "
+        "positions left of the dashed near-tie margin are near-ties, where a correct kernel's "
+        "rounding may flip a token, so their share says how many divergences to expect from "
+        "noise alone.</figcaption></figure>"
+    )
+
+
 def drift_section(outcome) -> str:
-    parts = ['<section id="drift"><h2>Teacher-forced drift</h2>']
-    if not outcome.drift:
-        parts.append("<p>No drift replay in this run.</p></section>")
-        return "\n".join(parts)
+    parts = ['<section id="drift"><h2>Teacher-forced drift and greedy margins</h2>']
     gates = (outcome.manifest.get("scenario") or {}).get("gates") or {}
+    margins = margin_block(outcome.records, gates.get("near_tie_margin"))
+    if not outcome.drift:
+        parts += ["<p>No drift replay in this run.</p>", margins, "</section>"]
+        return "\n".join(parts)
     png = drift_figure(outcome.drift, outcome.aa_drift, gates)
     if png:
         parts.append(
@@ -300,6 +315,7 @@ def drift_section(outcome) -> str:
             "<figcaption>|Δlogprob| of the reference's tokens replayed on both sides, one value "
             "per sequence.</figcaption></figure>"
         )
+    parts.append(margins)
     ordered = sorted(
         outcome.drift, key=lambda d: -d.mean_abs if math.isfinite(d.mean_abs) else -math.inf
     )

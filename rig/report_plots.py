@@ -1,6 +1,7 @@
 """The figures of report.html, drawn with matplotlib into inline PNGs (no file, no network):
 per level, both sides' latency distributions as CDFs and the throughput of every repeat; the
-teacher-forced drift per sequence, candidate next to the A/A floor.
+teacher-forced drift per sequence, candidate next to the A/A floor; each side's greedy margins
+(how far the chosen token led its runner-up), where a correct kernel may flip a token.
 
 A CDF shows the whole distribution (tail included) of hundreds of requests in one small panel,
 where a table of means and three percentiles hides how the two sides differ.
@@ -12,14 +13,17 @@ import base64
 import io
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from rig.drift import DriftResult
-from rig.records import RequestRecord
+from rig.records import RequestRecord, TokenLogprob
 
 SIDE_COLOURS = {"reference": "#1f5fa8", "candidate": "#c2381f", "A/A": "#7a7a7a"}
 CDF_POINTS = 200  # a long distribution is drawn through this many quantiles
+MARGIN_MARKS = (0.25, 1.0)  # nats: the shares of positions under these are printed per side
+MARGIN_TICKS = (0, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100)
 
 
 def _pyplot():
@@ -132,5 +136,96 @@ def drift_figure(
         axis.grid(alpha=0.3)
         axis.tick_params(labelsize=8)
         axis.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    return _png(figure)
+
+
+@dataclass
+class SideMargins:
+    """One side's greedy margins (nats) at every generated position that had a runner-up, and
+    the share of those positions under each of MARGIN_MARKS."""
+
+    side: str
+    margins: list[float]
+    shares: dict[float, float]
+
+
+def position_margin(position: TokenLogprob) -> float | None:
+    """Chosen token's logprob minus the best other token's in the top-k; None when the top-k
+    has fewer than 2 entries or the chosen logprob is not finite (nothing to measure)."""
+    if len(position.top) < 2 or not math.isfinite(position.logprob):
+        return None
+    others = [v for token, v in position.top.items() if token != position.token_id]
+    if not others:
+        return None
+    margin = position.logprob - max(others)
+    return None if math.isnan(margin) else margin
+
+
+def side_margins(records: list[RequestRecord]) -> list[SideMargins]:
+    """Per side (reference first), the margins of the timed records that carry logprobs;
+    warm-up records are left out. Empty when no such record has a measurable position."""
+    by_side: dict[str, list[float]] = {}
+    for record in records:
+        if record.warmup or not record.logprobs:
+            continue
+        measured = (position_margin(p) for p in record.logprobs)
+        by_side.setdefault(record.side, []).extend(m for m in measured if m is not None)
+    return [
+        SideMargins(
+            side,
+            margins,
+            {mark: sum(m < mark for m in margins) / len(margins) for mark in MARGIN_MARKS},
+        )
+        for side, margins in sorted(by_side.items(), key=lambda item: item[0] != "reference")
+        if margins
+    ]
+
+
+def margin_figure(measured: list[SideMargins], near_tie_margin: float | None) -> str | None:
+    """CDF of each side's greedy margins on a symlog axis (linear near 0, where near-ties are),
+    the gate's near_tie_margin dashed, each side's shares under MARGIN_MARKS in the legend."""
+    if not measured:
+        return None
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(12.4, 2.6))
+    for side in measured:
+        finite = [m for m in side.margins if math.isfinite(m)]
+        shares = ", ".join(f"{share:.1%} < {mark:g}" for mark, share in side.shares.items())
+        label = f"{side.side}: {shares} nats ({len(side.margins):,} positions)"
+        if finite:
+            x, y = _cdf(finite)
+            # an infinite margin (runner-up at -inf) still counts: the curve ends below 1
+            y = y * len(finite) / len(side.margins)
+            axis.step(
+                x,
+                y,
+                where="post",
+                color=SIDE_COLOURS.get(side.side, "#333333"),
+                label=label,
+                linewidth=1.4,
+            )
+    if near_tie_margin is not None:
+        axis.axvline(
+            near_tie_margin,
+            color="#000000",
+            linestyle="--",
+            linewidth=1,
+            label=f"near_tie_margin {near_tie_margin:g}",
+        )
+    axis.set_xscale("symlog", linthresh=1.0)
+    lowest = min((m for side in measured for m in side.margins if math.isfinite(m)), default=0.0)
+    axis.set_xlim(left=min(0.0, lowest))  # a chosen token behind its runner-up stays in view
+    highest = axis.get_xlim()[1]
+    ticks = [t for t in MARGIN_TICKS if t <= highest]
+    axis.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    axis.set_ylim(0, 1.02)
+    axis.set_title(
+        "greedy margin per generated position: chosen − best other logprob (nats), CDF",
+        fontsize=9,
+    )
+    axis.grid(alpha=0.3)
+    axis.tick_params(labelsize=8)
+    axis.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     return _png(figure)

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import re
 
@@ -136,3 +137,22 @@ def test_a_run_without_aa_says_how_to_get_the_floor(make_record, tmp_path):
     page = render_html(outcome, summary_frame(outcome.records[:0]), delta_frame(summary_frame([])))
     assert "No A/A control in this run" in page
     assert "No request finished." in page
+
+
+def test_greedy_margins_are_drawn_next_to_the_drift(page):
+    drift = page.split('<section id="drift">')[1].split("</section>")[0]
+    assert 'alt="drift distribution"' in drift
+    assert 'alt="greedy margin distribution"' in drift
+    assert "where a correct kernel's rounding may flip a token" in drift
+
+
+def test_a_run_without_logprobs_says_there_are_no_margins(make_record, tmp_path):
+    outcome, _ = synthetic_outcome(make_record, tmp_path)
+    outcome.records = [dataclasses.replace(r, logprobs=None) for r in outcome.records]
+    outcome.drift = []
+    summary = summary_frame(outcome.records, outcome.pairs)
+    page = render_html(outcome, summary, delta_frame(summary))
+    drift = page.split('<section id="drift">')[1].split("</section>")[0]
+    assert 'alt="greedy margin distribution"' not in drift
+    assert "No greedy margins: no timed request carries top-k logprobs." in drift
+    assert "No drift replay in this run." in drift
