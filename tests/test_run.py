@@ -2,8 +2,10 @@
 
 import pytest
 
-from rig.run import _check_resumable, _cost_comparison, is_aa_run
+from rig.report import LevelFault
+from rig.run import FAULTS_FILE, Runner, _check_resumable, _cost_comparison, append_jsonl, is_aa_run
 from rig.scenario import Scenario, ScenarioError
+from rig.servers import Hardware, plan_servers
 
 
 def scenario(**overrides) -> Scenario:
@@ -33,3 +35,23 @@ def test_cost_comparison_puts_both_runs_side_by_side():
     line = _cost_comparison(first, now)
     assert "wall 50.0 s vs 100.0 s" in line and "(0.50x)" in line
     assert "server time 45.0 s vs 180.0 s (0.25x)" in line
+
+
+def test_resume_keeps_finished_levels_and_their_faults_but_not_a_level_whose_server_died(
+    tmp_path, make_record
+):
+    run = scenario(workload={"prompts": [{"long_tokens": [100]}], "concurrency": [1, 2]})
+    plan = plan_servers(run, "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
+    with open(tmp_path / "requests.jsonl", "w", encoding="utf-8") as handle:
+        for level in (1, 2):
+            for side in ("reference", "candidate"):
+                record = make_record(side, f"c{level}-r0-0000", level=level)
+                handle.write(record.to_json() + "\n")
+    append_jsonl(tmp_path / FAULTS_FILE, LevelFault("candidate", 1, "traceback", "Traceback"))
+    append_jsonl(tmp_path / FAULTS_FILE, LevelFault("candidate", 2, "server_died", "exit 9"))
+    runner = Runner(run, "r", tmp_path, plan, "/m", cache=None, resume=True)
+    assert runner.done_levels == {(1, 0)}
+    assert [f.kind for f in runner.state.faults] == ["traceback"]
+    assert {r.level for r in runner.state.records} == {1}
+    assert "server_died" not in (tmp_path / FAULTS_FILE).read_text()
+    runner.sink.close()
