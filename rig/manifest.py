@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rig.scenario import Scenario
 from rig.secrets import redact_argv, redact_env
-from rig.servers import LaunchPlan
+from rig.servers import LaunchPlan, query_gpus
 
 
 def _version(distribution: str) -> str | None:
@@ -63,17 +63,7 @@ def cuda_runtime() -> str | None:
 
 
 def _gpu_names() -> list[str]:
-    try:
-        listing = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in listing.splitlines() if line.strip()]
+    return [", ".join(row) for row in query_gpus("name,driver_version")]
 
 
 def _kernel_file_hashes() -> dict[str, str]:

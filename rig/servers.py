@@ -85,20 +85,26 @@ class Hardware:
         return ",".join(ids[g] for g in gpus)
 
 
-def visible_gpus() -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """GPU ids a child must be given (honouring this process's CUDA_VISIBLE_DEVICES) and their
-    free memory, from nvidia-smi; nothing when there is no NVIDIA GPU."""
+def query_gpus(fields: str) -> list[list[str]]:
+    """nvidia-smi's answer for `fields` (e.g. "index,memory.free"), one row per GPU of the
+    machine; no rows when there is no NVIDIA GPU."""
     try:
         listing = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=20,
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return (), ()
-    rows = [[part.strip() for part in line.split(",")] for line in listing.splitlines() if line]
+        return []
+    return [[part.strip() for part in line.split(",")] for line in listing.splitlines() if line]
+
+
+def visible_gpus() -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """GPU ids a child must be given (honouring this process's CUDA_VISIBLE_DEVICES) and their
+    free memory in MiB."""
+    rows = query_gpus("index,uuid,memory.free")
     by_name = {row[0]: row for row in rows} | {row[1]: row for row in rows}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     names = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else None
