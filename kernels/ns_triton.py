@@ -5,19 +5,26 @@
 vLLM keeps them, cu_seqlens, precomputed chunk_indices, optional core_attn_out) and returns
 (o [B, T, HV, V], final state [N, HV, V, K] float32 or None).
 
-Three launches:
+Stages (`Launch.run_wy`, `run_state`, `run_output`), none of which syncs with the host:
   1. `_wy_kernel`, one program per (chunk, value head): chunk-local cumulative decay, the
      within-chunk A, its unit lower-triangular inverse (BF16 Newton-Schulz on the 16x16
      diagonal blocks, then a Neumann series over the off-diagonal blocks, exact after 3 terms
      because they are strictly block-lower), and the WY vectors w, u.
-  2. `_state_kernel`, one program per (sequence, value head, BV columns of V): the only
-     sequential walk over chunks, FP32 state in registers; stores each chunk's starting state
-     (BF16) and v_new.
+  2. The state walk h <- exp(G_last) h + k~^T (u - w h), cut into segments of S consecutive
+     chunks of the batch's chunk list (S ~ sqrt(chunks), `segment_chunks`), so that its
+     sequential path is ~2 S + chunks / S steps instead of chunks:
+     `_transition_kernel` (segments in parallel): each segment's affine map h -> P h + b,
+     walking [I | 0] as a [K, K + V] state; `_carry_kernel` (sequences in parallel): the
+     state at each segment start, h <- P h + b in FP32; `_segment_walk_kernel` (segments in
+     parallel): the walk from those states, storing each chunk's starting state (BF16) and
+     v_new, and the final states. With one segment (short inputs) the walk is the plain
+     sequential one and the carry kernel only gives sequences without tokens their state.
   3. `_output_kernel`, one program per (chunk, value head): the output, fully parallel.
-(Doing 2 and 3 in one walk moved fewer bytes but lengthened the sequential path: 1.2-1.3x
-slower at 8K-16K tokens on an H200, see kernels/bench.py.)
+(Doing the walk and the output in one pass moved fewer bytes but lengthened the sequential
+path: 1.2-1.3x slower at 8K-16K tokens on an H200.)
 Same numerics as kernels/ns_torch.py for the inverse; dots elsewhere take BF16 operands with
-FP32 accumulation, as FLA's do.
+FP32 accumulation, as FLA's do; the segment maps P are walked like states (BF16 operands, FP32
+state) and applied in FP32 (tf32x3).
 """
 
 import math
@@ -224,21 +231,22 @@ def _transition_kernel(
     cu_seqlens_ptr,
     chunk_indices_ptr,
     num_chunks,
+    segment_chunks,
     eps,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
-    SEGMENT: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr,
     USE_L2NORM: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    """Chunk-parallel half of the state walk: over one segment of SEGMENT chunks, the affine map
-    h_end = P h_start + b as columns [P | b] of a [K, K + V] state walked from [I | 0] (u = 0
-    in the P columns). A sequence that starts inside the segment resets the walk: P = 0 and b
-    starts from that sequence's initial state."""
+    """Chunk-parallel half of the state walk: over one segment of segment_chunks chunks, the
+    affine map h_end = P h_start + b as columns [P | b] of a [K, K + V] state walked from
+    [I | 0] (u = 0 in the P columns). A sequence that starts inside the segment resets the
+    walk: P = 0 and b starts from that sequence's initial state. Only needed where a sequence
+    runs on into the next segment; other programs return at once."""
     col_block = tl.program_id(0)
     segment = tl.program_id(1)
     value_head = tl.program_id(2)
@@ -247,20 +255,23 @@ def _transition_kernel(
     cols = col_block * BV + tl.arange(0, BV)
     is_value = cols >= K
     value_cols = tl.where(is_value, cols - K, 0)
-    state = tl.where(rows_k[:, None] == cols[None, :], 1.0, 0.0)
-    first = segment * SEGMENT
-    for chunk in tl.range(first, tl.minimum(first + SEGMENT, num_chunks), num_stages=STAGES):
-        seq, start, eos, seq_start = _chunk_of(chunk_indices_ptr, cu_seqlens_ptr, chunk)
-        state = _reset_at_sequence_start(
-            state, initial_state_ptr, seq, seq_start, value_head, value_cols, is_value,
-            HV, K, V, HAS_INITIAL_STATE,
-        )  # fmt: skip
-        state, _, _ = _state_step(
-            state, k_ptr, w_ptr, u_ptr, cum_decay_ptr, start, eos, key_head, value_head,
-            value_cols, is_value, eps, H, HV, K, V, USE_L2NORM,
-        )  # fmt: skip
-    offsets = (segment * HV + value_head) * K * (K + V) + rows_k[:, None] * (K + V) + cols[None, :]
-    tl.store(transitions_ptr + offsets, state)
+    first = segment * segment_chunks
+    end = tl.minimum(first + segment_chunks, num_chunks)
+    next_chunk_in_seq = tl.load(chunk_indices_ptr + 2 * tl.minimum(end, num_chunks - 1) + 1)
+    if (end < num_chunks) & (next_chunk_in_seq != 0):
+        state = tl.where(rows_k[:, None] == cols[None, :], 1.0, 0.0)
+        for chunk in tl.range(first, end, num_stages=STAGES):
+            seq, start, eos, seq_start = _chunk_of(chunk_indices_ptr, cu_seqlens_ptr, chunk)
+            state = _reset_at_sequence_start(
+                state, initial_state_ptr, seq, seq_start, value_head, value_cols, is_value,
+                HV, K, V, HAS_INITIAL_STATE,
+            )  # fmt: skip
+            state, _, _ = _state_step(
+                state, k_ptr, w_ptr, u_ptr, cum_decay_ptr, start, eos, key_head, value_head,
+                value_cols, is_value, eps, H, HV, K, V, USE_L2NORM,
+            )  # fmt: skip
+        row_offsets = rows_k[:, None] * (K + V) + cols[None, :]
+        tl.store(transitions_ptr + (segment * HV + value_head) * K * (K + V) + row_offsets, state)
 
 
 @triton.jit
@@ -270,14 +281,13 @@ def _carry_kernel(
     initial_state_ptr,
     final_state_ptr,
     chunk_offsets_ptr,
+    segment_chunks,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
-    SEGMENT: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr,
-    HAS_TRANSITIONS: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
 ):
     """Sequential half, one program per (BV columns, sequence, value head): the state at the
@@ -292,27 +302,29 @@ def _carry_kernel(
     rows_k = tl.arange(0, K)
     cols = v_block * BV + tl.arange(0, BV)
     cols_k = tl.arange(0, K)
-    segment_size = K * (K + V)
+    transition_size = K * (K + V)
     b_offsets = rows_k[:, None] * (K + V) + K + cols[None, :]
     p_offsets = rows_k[:, None] * (K + V) + cols_k[None, :]
     carry_offsets = rows_k[:, None] * V + cols[None, :]
-    if HAS_TRANSITIONS:
-        first_segment = first_chunk // SEGMENT
+    first_segment = first_chunk // segment_chunks
+    last_segment = (end_chunk - 1) // segment_chunks
+    if last_segment > first_segment:
         state = tl.load(
-            transitions_ptr + (first_segment * HV + value_head) * segment_size + b_offsets
+            transitions_ptr + (first_segment * HV + value_head) * transition_size + b_offsets
         )
-        for segment in range(first_segment + 1, (end_chunk - 1) // SEGMENT + 1):
+        for segment in range(first_segment + 1, last_segment):
             tl.store(carry_ptr + (segment * HV + value_head) * K * V + carry_offsets, state)
-            base = transitions_ptr + (segment * HV + value_head) * segment_size
+            base = transitions_ptr + (segment * HV + value_head) * transition_size
             step = tl.load(base + p_offsets)
             state = tl.dot(step, state, input_precision="tf32x3") + tl.load(base + b_offsets)
+        tl.store(carry_ptr + (last_segment * HV + value_head) * K * V + carry_offsets, state)
     if STORE_FINAL_STATE:
-        if end_chunk == first_chunk:
-            state_offsets = (seq * HV + value_head) * V * K + cols[None, :] * K + rows_k[:, None]
-            initial = tl.zeros([K, BV], dtype=tl.float32)
-            if HAS_INITIAL_STATE:
-                initial = tl.load(initial_state_ptr + state_offsets).to(tl.float32)
-            tl.store(final_state_ptr + state_offsets, initial)
+        state_offsets = (seq * HV + value_head) * V * K + cols[None, :] * K + rows_k[:, None]
+        no_tokens = (tl.zeros([K, BV], dtype=tl.int64) + end_chunk) == first_chunk
+        initial = tl.zeros([K, BV], dtype=tl.float32)
+        if HAS_INITIAL_STATE:
+            initial = tl.load(initial_state_ptr + state_offsets, mask=no_tokens, other=0.0)
+        tl.store(final_state_ptr + state_offsets, initial.to(tl.float32), mask=no_tokens)
 
 
 @triton.jit
@@ -329,13 +341,13 @@ def _segment_walk_kernel(
     cu_seqlens_ptr,
     chunk_indices_ptr,
     num_chunks,
+    segment_chunks,
     eps,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
-    SEGMENT: tl.constexpr,
     HAS_CARRY: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
@@ -355,10 +367,11 @@ def _segment_walk_kernel(
     if HAS_CARRY:
         carry_offsets = (segment * HV + value_head) * K * V + rows_k[:, None] * V + cols[None, :]
         state = tl.load(carry_ptr + carry_offsets)
-    first = segment * SEGMENT
+    first = segment * segment_chunks
     r = tl.arange(0, 64)
     all_cols = cols >= 0
-    for chunk in tl.range(first, tl.minimum(first + SEGMENT, num_chunks), num_stages=STAGES):
+    end = tl.minimum(first + segment_chunks, num_chunks)
+    for chunk in tl.range(first, end, num_stages=STAGES):
         seq, start, eos, seq_start = _chunk_of(chunk_indices_ptr, cu_seqlens_ptr, chunk)
         state = _reset_at_sequence_start(
             state, initial_state_ptr, seq, seq_start, value_head, cols, all_cols,
@@ -369,7 +382,7 @@ def _segment_walk_kernel(
             cols, all_cols, eps, H, HV, K, V, USE_L2NORM,
         )  # fmt: skip
         chunk_state_offsets = (
-            (chunk * HV + value_head) * K * V + rows_k[:, None] * V + cols[None, :]
+            (chunk * HV + value_head).to(tl.int64) * K * V + rows_k[:, None] * V + cols[None, :]
         )
         tl.store(chunk_states_ptr + chunk_state_offsets, state_bf16)
         rows = start + r
@@ -424,7 +437,9 @@ def _output_kernel(
     v_new = _load_rows(v_new_ptr, rows, valid, value_head, HV, V).to(tl.bfloat16)
     cols_k = tl.arange(0, K)
     cols_v = tl.arange(0, V)
-    chunk_state_offsets = (chunk * HV + value_head) * K * V + cols_k[:, None] * V + cols_v[None, :]
+    chunk_state_offsets = (
+        (chunk * HV + value_head).to(tl.int64) * K * V + cols_k[:, None] * V + cols_v[None, :]
+    )
     chunk_state = tl.load(chunk_states_ptr + chunk_state_offsets)
 
     causal = r[:, None] >= r[None, :]
@@ -502,35 +517,35 @@ class Launch:
         )  # fmt: skip
 
     def run_state(self) -> None:
+        """Segment transitions (when there is more than one segment), the carry across
+        segments, the walk within segments."""
         shapes = self.shapes()
         hv, k_dim, v_dim = shapes["HV"], shapes["K"], shapes["V"]
         dummy = self.cum_decay
         initial = self.initial_state if self.initial_state is not None else dummy
         final = self.final_state if self.final_state is not None else dummy
-        flags = dict(
-            BV=BLOCK_V,
-            SEGMENT=self.segment,
-            HAS_INITIAL_STATE=self.initial_state is not None,
-        )
-        common = (self.k, self.w, self.u, self.cum_decay, initial)
         transitions = self.transitions if self.transitions is not None else dummy
+        carry = self.carry if self.carry is not None else dummy
+        has_initial = self.initial_state is not None
+        store_final = self.final_state is not None
+        walked = (self.k, self.w, self.u, self.cum_decay, initial)
         if self.transitions is not None:
             _transition_kernel[((k_dim + v_dim) // BLOCK_V, self.num_segments, hv)](
-                *common, transitions, self.cu_seqlens, self.chunk_indices, self.num_chunks,
-                self.eps, **shapes, **flags, USE_L2NORM=self.use_l2norm, STAGES=WALK_STAGES,
-                num_warps=WALK_NUM_WARPS,
+                *walked, transitions, self.cu_seqlens, self.chunk_indices, self.num_chunks,
+                self.segment, self.eps, **shapes, BV=BLOCK_V, HAS_INITIAL_STATE=has_initial,
+                USE_L2NORM=self.use_l2norm, STAGES=WALK_STAGES, num_warps=WALK_NUM_WARPS,
             )  # fmt: skip
         _carry_kernel[(v_dim // BLOCK_V, self.cu_seqlens.numel() - 1, hv)](
-            transitions, self.carry if self.carry is not None else dummy, initial, final,
-            self.chunk_offsets, **shapes, **flags, HAS_TRANSITIONS=self.transitions is not None,
-            STORE_FINAL_STATE=self.final_state is not None, num_warps=CARRY_NUM_WARPS,
+            transitions, carry, initial, final, self.chunk_offsets, self.segment, **shapes,
+            BV=BLOCK_V, HAS_INITIAL_STATE=has_initial, STORE_FINAL_STATE=store_final,
+            num_warps=CARRY_NUM_WARPS,
         )  # fmt: skip
         _segment_walk_kernel[(v_dim // BLOCK_V, self.num_segments, hv)](
-            *common, self.carry if self.carry is not None else dummy, final, self.chunk_states,
-            self.v_new, self.cu_seqlens, self.chunk_indices, self.num_chunks, self.eps, **shapes,
-            **flags, HAS_CARRY=self.carry is not None,
-            STORE_FINAL_STATE=self.final_state is not None, USE_L2NORM=self.use_l2norm,
-            STAGES=WALK_STAGES, num_warps=WALK_NUM_WARPS,
+            *walked, carry, final, self.chunk_states, self.v_new, self.cu_seqlens,
+            self.chunk_indices, self.num_chunks, self.segment, self.eps, **shapes, BV=BLOCK_V,
+            HAS_CARRY=self.carry is not None, HAS_INITIAL_STATE=has_initial,
+            STORE_FINAL_STATE=store_final, USE_L2NORM=self.use_l2norm, STAGES=WALK_STAGES,
+            num_warps=WALK_NUM_WARPS,
         )  # fmt: skip
 
     def run_output(self) -> None:

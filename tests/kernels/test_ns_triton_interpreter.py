@@ -1,7 +1,6 @@
 """The Triton nsR on CPU through Triton's interpreter (small shapes, K=V=64): the segmented
-state walk against the float64 recurrence and the PyTorch nsR, and the ns3/ns4 control.
-Each case runs in its own process because TRITON_INTERPRET must be set before the kernels
-are defined."""
+state walk against the float64 recurrence and the PyTorch nsR, and the ns3/ns4 control. The
+cases run in one child process: TRITON_INTERPRET must be set before the kernels are defined."""
 
 import json
 import subprocess
@@ -9,10 +8,13 @@ import sys
 
 import pytest
 
+from tests.kernels.triton_interpreter import CASES
 
-def interpreted(case: str, rounds: int, segment: int) -> dict:
+
+@pytest.fixture(scope="module")
+def errors() -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.triton_interpreter", case, str(rounds), str(segment)],
+        [sys.executable, "-m", "tests.kernels.triton_interpreter"],
         capture_output=True,
         text=True,
         check=True,
@@ -20,18 +22,14 @@ def interpreted(case: str, rounds: int, segment: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize(
-    ("lengths", "segment"),
-    [("1,63,64,65,200", 2), ("1", 1), ("700,130,5", 3), ("700,130,5", 64)],
-)
-def test_segmented_walk_matches_recurrence_and_torch(lengths, segment):
-    errors = interpreted(lengths, 4, segment)
-    output_vs_truth, state_vs_truth = errors["truth"]
-    output_vs_torch, state_vs_torch = errors["torch"]
-    assert output_vs_truth < 2e-2 and state_vs_truth < 0.1, errors
-    assert output_vs_torch < 2e-2 and state_vs_torch < 0.1, errors
+@pytest.mark.parametrize("label", [c[0] for c in CASES if c[1] != "correlated"])
+def test_walk_matches_recurrence_and_torch(errors, label):
+    """Bounds: ~5x what the kernel reaches here (BF16 operands, K=64)."""
+    for against in ("truth", "torch"):
+        output, state, finite = errors[label][against]
+        assert finite and output < 5e-3 and state < 5e-2, (against, errors[label])
 
 
-def test_correlated_keys_break_ns3_and_not_ns4():
-    assert interpreted("correlated", 4, 1)["truth"][0] < 0.1
-    assert interpreted("correlated", 3, 1)["truth"][0] > 0.1
+def test_correlated_keys_break_ns3_and_not_ns4(errors):
+    assert errors["correlated-ns4"]["truth"][0] < 0.1, errors["correlated-ns4"]
+    assert errors["correlated-ns3"]["truth"][0] > 0.1, errors["correlated-ns3"]
