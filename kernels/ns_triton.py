@@ -41,7 +41,7 @@ WALK_NUM_WARPS = 4
 CARRY_NUM_WARPS = 8
 OUTPUT_NUM_WARPS = 4
 WALK_STAGES = 2
-BLOCK_V = 32  # state columns per program of the walk
+BLOCK_V = 64  # state columns per program of the walk (fewer: more re-reads of k and w)
 SEGMENT_CHUNKS = None  # chunks per segment of the walk; None: by size (segment_chunks)
 
 
@@ -390,7 +390,7 @@ def _segment_walk_kernel(
         tl.store(v_new_ptr + v_new_offsets, v_new, mask=(rows < eos)[:, None])
         if STORE_FINAL_STATE:
             state_offsets = (seq * HV + value_head) * V * K + cols[None, :] * K + rows_k[:, None]
-            seq_end = (tl.zeros_like(state) + start + 64) >= eos
+            seq_end = (tl.zeros([K, BV], dtype=tl.int64) + start + 64) >= eos
             tl.store(final_state_ptr + state_offsets, state, mask=seq_end)
 
 
