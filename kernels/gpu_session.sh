@@ -26,6 +26,8 @@ else
     echo "gpu_session: $WHEEL missing: FLA columns and FLA checks will be absent" >&2
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# vLLM's own FLA copy, when an earlier command unpacked vLLM there (.whl/remote_install.sh).
+if [ -d /tmp/vllm-site ]; then export PYTHONPATH="$PYTHONPATH:/tmp/vllm-site"; fi
 # pandas/pytest: from the carried dependency bundle when the image lacks them.
 if ! "$PY" -c "import pandas, pytest" 2>/dev/null && [ -f .whl/deps-site-py312.tar.xz ]; then
     "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" \

@@ -258,20 +258,21 @@ def _transition_kernel(
     first = segment * segment_chunks
     end = tl.minimum(first + segment_chunks, num_chunks)
     next_chunk_in_seq = tl.load(chunk_indices_ptr + 2 * tl.minimum(end, num_chunks - 1) + 1)
-    if (end < num_chunks) & (next_chunk_in_seq != 0):
-        state = tl.where(rows_k[:, None] == cols[None, :], 1.0, 0.0)
-        for chunk in tl.range(first, end, num_stages=STAGES):
-            seq, start, eos, seq_start = _chunk_of(chunk_indices_ptr, cu_seqlens_ptr, chunk)
-            state = _reset_at_sequence_start(
-                state, initial_state_ptr, seq, seq_start, value_head, value_cols, is_value,
-                HV, K, V, HAS_INITIAL_STATE,
-            )  # fmt: skip
-            state, _, _ = _state_step(
-                state, k_ptr, w_ptr, u_ptr, cum_decay_ptr, start, eos, key_head, value_head,
-                value_cols, is_value, eps, H, HV, K, V, USE_L2NORM,
-            )  # fmt: skip
-        row_offsets = rows_k[:, None] * (K + V) + cols[None, :]
-        tl.store(transitions_ptr + (segment * HV + value_head) * K * (K + V) + row_offsets, state)
+    needed = (end < num_chunks) & (next_chunk_in_seq != 0)
+    state = tl.where(rows_k[:, None] == cols[None, :], 1.0, 0.0)
+    for chunk in tl.range(first, tl.where(needed, end, first), num_stages=STAGES):
+        seq, start, eos, seq_start = _chunk_of(chunk_indices_ptr, cu_seqlens_ptr, chunk)
+        state = _reset_at_sequence_start(
+            state, initial_state_ptr, seq, seq_start, value_head, value_cols, is_value,
+            HV, K, V, HAS_INITIAL_STATE,
+        )  # fmt: skip
+        state, _, _ = _state_step(
+            state, k_ptr, w_ptr, u_ptr, cum_decay_ptr, start, eos, key_head, value_head,
+            value_cols, is_value, eps, H, HV, K, V, USE_L2NORM,
+        )  # fmt: skip
+    offsets = (segment * HV + value_head) * K * (K + V) + rows_k[:, None] * (K + V) + cols[None, :]
+    store = (tl.zeros([K, BV], dtype=tl.int32) + needed.to(tl.int32)) > 0
+    tl.store(transitions_ptr + offsets, state, mask=store)
 
 
 @triton.jit
@@ -308,16 +309,16 @@ def _carry_kernel(
     carry_offsets = rows_k[:, None] * V + cols[None, :]
     first_segment = first_chunk // segment_chunks
     last_segment = (end_chunk - 1) // segment_chunks
-    if last_segment > first_segment:
-        state = tl.load(
-            transitions_ptr + (first_segment * HV + value_head) * transition_size + b_offsets
-        )
-        for segment in range(first_segment + 1, last_segment):
-            tl.store(carry_ptr + (segment * HV + value_head) * K * V + carry_offsets, state)
-            base = transitions_ptr + (segment * HV + value_head) * transition_size
-            step = tl.load(base + p_offsets)
-            state = tl.dot(step, state, input_precision="tf32x3") + tl.load(base + b_offsets)
-        tl.store(carry_ptr + (last_segment * HV + value_head) * K * V + carry_offsets, state)
+    inner = (tl.zeros([K, BV], dtype=tl.int64) + last_segment) > first_segment
+    first_offsets = (first_segment * HV + value_head) * transition_size + b_offsets
+    state = tl.load(transitions_ptr + first_offsets, mask=inner, other=0.0)
+    for segment in range(first_segment + 1, last_segment):
+        tl.store(carry_ptr + (segment * HV + value_head) * K * V + carry_offsets, state)
+        base = transitions_ptr + (segment * HV + value_head) * transition_size
+        step = tl.load(base + p_offsets)
+        state = tl.dot(step, state, input_precision="tf32x3") + tl.load(base + b_offsets)
+    last_offsets = (last_segment * HV + value_head) * K * V + carry_offsets
+    tl.store(carry_ptr + last_offsets, state, mask=inner)
     if STORE_FINAL_STATE:
         state_offsets = (seq * HV + value_head) * V * K + cols[None, :] * K + rows_k[:, None]
         no_tokens = (tl.zeros([K, BV], dtype=tl.int64) + end_chunk) == first_chunk
