@@ -46,6 +46,7 @@ VARIANTS = {
     "bv32": {"BLOCK_V": 32},
     "bv128-8warps": {"BLOCK_V": 128, "WALK_NUM_WARPS": 8},
     "walk-stages1": {"WALK_STAGES": 1},
+    "walk-stages3": {"WALK_STAGES": 3},
     "wy-8warps": {"WY_NUM_WARPS": 8},
     "out-8warps": {"OUTPUT_NUM_WARPS": 8},
 }
