@@ -246,7 +246,7 @@ def _transition_kernel(
     affine map h_end = P h_start + b as columns [P | b] of a [K, K + V] state walked from
     [I | 0] (u = 0 in the P columns). A sequence that starts inside the segment resets the
     walk: P = 0 and b starts from that sequence's initial state. Only needed where a sequence
-    runs on into the next segment; other programs return at once."""
+    runs on into the next segment; other programs skip the walk and store nothing."""
     col_block = tl.program_id(0)
     segment = tl.program_id(1)
     value_head = tl.program_id(2)
@@ -293,7 +293,8 @@ def _carry_kernel(
 ):
     """Sequential half, one program per (BV columns, sequence, value head): the state at the
     start of every segment that begins inside the sequence, h <- P h + b (FP32, tf32x3), one
-    step per segment. A sequence without tokens (no chunk walks it) gets its initial state as
+    step per segment (launched unpipelined: a 64 KB P per stage would not fit in shared
+    memory). A sequence without tokens (no chunk walks it) gets its initial state as
     its final one."""
     v_block = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -539,7 +540,7 @@ class Launch:
         _carry_kernel[(v_dim // BLOCK_V, self.cu_seqlens.numel() - 1, hv)](
             transitions, carry, initial, final, self.chunk_offsets, self.segment, **shapes,
             BV=BLOCK_V, HAS_INITIAL_STATE=has_initial, STORE_FINAL_STATE=store_final,
-            num_warps=CARRY_NUM_WARPS,
+            num_warps=CARRY_NUM_WARPS, num_stages=1,
         )  # fmt: skip
         _segment_walk_kernel[(v_dim // BLOCK_V, self.num_segments, hv)](
             *walked, carry, final, self.chunk_states, self.v_new, self.cu_seqlens,
