@@ -152,10 +152,13 @@ class SideMargins:
 
 def position_margin(position: TokenLogprob) -> float | None:
     """Chosen token's logprob minus the best other token's in the top-k; None when the top-k
-    has fewer than 2 entries or the chosen logprob is not finite (nothing to measure)."""
-    if len(position.top) < 2 or not math.isfinite(position.logprob):
+    has fewer than 2 entries or the chosen logprob is missing or not finite (vLLM answers NaN
+    as null, as it does for a broken kernel's output)."""
+    if len(position.top) < 2 or position.logprob is None or not math.isfinite(position.logprob):
         return None
-    others = [v for token, v in position.top.items() if token != position.token_id]
+    others = [
+        v for token, v in position.top.items() if token != position.token_id and v is not None
+    ]
     if not others:
         return None
     margin = position.logprob - max(others)

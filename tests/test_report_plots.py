@@ -60,3 +60,9 @@ def test_figure_present_with_logprobs_absent_without(make_record):
     without = [make_record("reference", "a"), make_record("candidate", "a")]
     assert side_margins(without) == []
     assert margin_figure(side_margins(without), near_tie_margin=0.25) is None
+
+
+def test_null_logprobs_from_a_broken_kernel_are_skipped_not_fatal():
+    """vLLM answers NaN logprobs as null (seen with ns3 on the tiny model)."""
+    assert position_margin(TokenLogprob(7, None, {7: None, 8: -1.5})) is None
+    assert position_margin(TokenLogprob(7, -0.2, {7: -0.2, 8: None, 9: -0.9})) == pytest.approx(0.7)
