@@ -12,7 +12,7 @@ is the noise floor: a change whose interval includes 1 is `within noise`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -131,7 +131,7 @@ def word(lower_is_better: bool, low: float, high: float) -> str:
 def compare_levels(
     reference: Iterable[RequestRecord],
     candidate: Iterable[RequestRecord],
-    comparison: str = "candidate/reference",
+    comparison: str = "candidate/reference",  # or "A/A"
     seed: int = SEED,
 ) -> pd.DataFrame:
     """One row per level both sides ran: per metric `<m>_ratio` (candidate / reference), its
@@ -192,10 +192,30 @@ def worst_slowdown_pct(row: pd.Series, metric: str) -> float:
     return float(-row[f"{metric}_ci_high_pct"])
 
 
-def perf_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
-    """The run's candidate-vs-reference comparison, from its timed, finished requests."""
+CANDIDATE, AA = "candidate/reference", "A/A"
+
+
+def perf_frame(
+    records: Iterable[RequestRecord],
+    aa_records: Iterable[RequestRecord] = (),
+    aa_concurrency: int | None = None,
+) -> pd.DataFrame:
+    """The run's candidate-vs-reference comparison from its timed, finished requests, and, when
+    the A/A control ran at one of the levels' concurrencies, the A/A performance floor: the
+    reference server's replay of a level's requests against that level's first repeat (same
+    kernel, same concurrency: what identical kernels measure as a change)."""
     finished = [r for r in records if not (r.error or "").startswith("cancelled")]
-    return compare_levels(
-        [r for r in finished if r.side == "reference"],
-        [r for r in finished if r.side == "candidate"],
-    )
+    reference = [r for r in finished if r.side == "reference"]
+    frame = compare_levels(reference, [r for r in finished if r.side == "candidate"])
+    replay = [replace(r, level=aa_concurrency) for r in aa_records]
+    baseline = [r for r in reference if r.level == aa_concurrency and r.repeat == 0]
+    if replay and baseline:
+        floor = compare_levels(baseline, replay, comparison=AA)
+        frame = pd.concat([frame, floor], ignore_index=True) if not frame.empty else floor
+    return frame
+
+
+def candidate_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    if frame.empty or "comparison" not in frame.columns:
+        return frame
+    return frame[frame["comparison"] == CANDIDATE]

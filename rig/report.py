@@ -20,7 +20,7 @@ import pandas as pd
 from rig.compare import PairResult
 from rig.drift import DriftResult
 from rig.metrics import bench_results, request_frame, summary_frame
-from rig.perf import perf_frame
+from rig.perf import AA, candidate_rows, perf_frame
 from rig.records import RequestRecord
 from rig.report_format import DASH, check, missing, number
 from rig.report_html import render_html
@@ -82,6 +82,7 @@ class RunOutcome:
     aa_pairs: list[PairResult] | None = None
     aa_drift: list[DriftResult] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    perf: pd.DataFrame | None = None  # rig.perf.perf_frame, with the A/A floor when it ran
     error: str | None = None
     prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
 
@@ -110,7 +111,7 @@ def seeds_table(summary: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
     if not deltas.empty:
         suffixes = ("_change_pct", "_ci_low_pct", "_ci_high_pct", "_word")
         keep = ["level"] + [c for c in deltas.columns if c.endswith(suffixes)]
-        table = table.merge(deltas[keep], on="level", how="left")
+        table = table.merge(candidate_rows(deltas)[keep], on="level", how="left")
         reference_rows = table["side"] != "candidate"
         table.loc[reference_rows, [c for c in keep if c != "level"]] = None
     return table
@@ -239,6 +240,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     )
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
     head += _jit_lines(outcome.faults)
+    head += _aa_floor_lines(outcome.perf)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
     budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
@@ -258,6 +260,24 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     )
     text = "\n".join(head + body + footer) + "\n"
     return text[:SUMMARY_MD_LIMIT]
+
+
+def _aa_floor_lines(perf: pd.DataFrame | None) -> list[str]:
+    """The A/A performance floor: what identical kernels measure as a change."""
+    if perf is None or perf.empty or AA not in set(perf.get("comparison", ())):
+        return []
+    lines = []
+    for _, row in perf[perf["comparison"] == AA].iterrows():
+        metrics = ", ".join(
+            f"{name} {_delta_md(row, metric)}"
+            for metric, name in (
+                ("mean_ttft_ms", "TTFT"),
+                ("mean_e2el_ms", "E2EL"),
+                ("total_token_throughput", "tok/s"),
+            )
+        )
+        lines.append(_clip(f"A/A performance floor at C={int(row['level'])}: {metrics}"))
+    return [*lines, ""]
 
 
 def _jit_lines(faults: list[LevelFault]) -> list[str]:
@@ -353,7 +373,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     out.mkdir(parents=True, exist_ok=True)
     requests = request_frame(outcome.records)
     summary = summary_frame(outcome.records, outcome.pairs)
-    deltas = perf_frame(outcome.records)
+    deltas = outcome.perf if outcome.perf is not None else perf_frame(outcome.records)
     table = seeds_table(summary, deltas)
     drift = drift_frame(outcome.drift)
     mismatches = pd.DataFrame([p.as_row() for p in outcome.pairs if not p.identical])

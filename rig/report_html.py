@@ -213,7 +213,8 @@ def _interval(row: pd.Series, metric: str) -> str:
 
 def _delta_row(row: pd.Series) -> str:
     level = int(row["level"])
-    cells = cell(level, level, "num") + cell(int(row.get("repeats", 1)), None, "num")
+    cells = cell(level, level, "num") + cell(row.get("comparison", ""), cls="nowrap")
+    cells += cell(int(row.get("repeats", 1)), None, "num")
     for metric, _ in DELTA_COLUMNS:
         value = row.get(f"{metric}_change_pct")
         word = str(row.get(f"{metric}_word", ""))
@@ -229,7 +230,7 @@ def _delta_row(row: pd.Series) -> str:
 def delta_table(deltas: pd.DataFrame) -> str:
     """Candidate vs reference per level, each change with its 95% interval and its word."""
     rows = [_delta_row(row) for _, row in deltas.iterrows()]
-    return table(["level", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
+    return table(["level", "compared", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
 
 
 def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
@@ -243,7 +244,8 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
             "<p>Change = candidate − reference, in percent of the reference (a positive "
             "latency change is slower, a positive throughput change faster), with its 95% "
             "bootstrap interval [low, high] over requests and repeats. An interval that "
-            "includes no change is <em>within noise</em>"
+            "includes no change is <em>within noise</em>; the A/A row (the reference server "
+            "replaying a level's requests) is what identical kernels measure"
             + (
                 "."
                 if int(deltas["repeats"].max()) >= 2

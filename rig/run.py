@@ -398,6 +398,11 @@ class Runner:
         )
         self.state.forced.update(replayed)
 
+    @property
+    def aa_concurrency(self) -> int:
+        workload = self.scenario.workload
+        return self.scenario.control.aa_concurrency or max(workload.concurrency)
+
     def run_aa(self, reference: Server) -> None:
         """Replay the reference's requests on the reference server in reverse order at another
         concurrency: the noise floor of identical kernels under other batch compositions."""
@@ -413,7 +418,7 @@ class Runner:
             side=AA_SIDE,
             run_id=self.run_id,
         )
-        concurrency = self.scenario.control.aa_concurrency or max(workload.concurrency)
+        concurrency = self.aa_concurrency
         print(f"rig: A/A control, {len(specs)} requests at C={concurrency}", flush=True)
         results = run_level(
             [SideJob(target, list(reversed(specs)))], concurrency, timeout_s=workload.timeout_s
@@ -506,6 +511,7 @@ class Runner:
             aa_drift = self._drift(AA_SIDE)
         hits = sum(p.hits for p in state.prefix_cache)
         kernels = self.side_kernels
+        perf = perf_frame(state.records, state.aa_records, self.aa_concurrency)
         verdict = decide(
             scenario.gates,
             pairs,
@@ -515,7 +521,7 @@ class Runner:
             scenario.candidate.kernel,
             is_aa_run(scenario),
             log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
-            deltas=perf_frame(state.records),
+            deltas=perf,
             aa_pairs=aa_pairs,
             aa_drift=aa_drift,
             reference_backend=scenario.model.gdn_prefill_backend,
@@ -538,6 +544,7 @@ class Runner:
             aa_pairs=aa_pairs,
             aa_drift=aa_drift,
             timings=state.timings,
+            perf=perf,
             error=error,
             prompt_categories={p.id: p.category for p in self.prompts if p.category},
         )

@@ -20,7 +20,7 @@ import pandas as pd
 from kernels.backends import CPU_NATIVE, reference_kernel_name
 from rig.compare import PairResult
 from rig.drift import DriftResult
-from rig.perf import PERF_METRICS, worst_slowdown_pct
+from rig.perf import PERF_METRICS, candidate_rows, worst_slowdown_pct
 from rig.scenario import GatesConfig
 
 
@@ -234,7 +234,7 @@ def decide(
     if reference_backend is not None and kernels:
         gates.append(_reference_backend_gate(kernels, reference_backend, is_aa))
     if g.max_perf_regression_pct is not None and deltas is not None and not deltas.empty:
-        gates.append(_performance_gate(deltas, g.max_perf_regression_pct))
+        gates.append(_performance_gate(candidate_rows(deltas), g.max_perf_regression_pct))
     passed = all(gate.passed for gate in gates)
     word = verdict_word(gates, counts, aa_counts)
     return Verdict(word=word, passed=passed, gates=tuple(gates), counts=counts, aa_counts=aa_counts)

@@ -6,10 +6,13 @@ import pandas as pd
 import pytest
 
 from rig.perf import (
+    AA,
+    CANDIDATE,
     FASTER,
     NOISE,
     PERF_METRICS,
     SLOWER,
+    candidate_rows,
     compare_levels,
     perf_frame,
     word,
@@ -47,13 +50,15 @@ def jittered(n: int, base: float, seed: int) -> list[float]:
     return list(base * (1 + 0.1 * rng.standard_normal(n)))
 
 
+def two_repeats(level, side: str, n: int, ttft_s: float, seed: int) -> list:
+    return level(side, jittered(n, ttft_s, seed)) + level(
+        side, jittered(n, ttft_s, seed + 1), repeat=1
+    )
+
+
 def test_a_planted_slowdown_is_slower_and_its_interval_covers_it(level):
-    reference = level("reference", jittered(200, 0.100, 1)) + level(
-        "reference", jittered(200, 0.100, 2), repeat=1
-    )
-    candidate = level("candidate", jittered(200, 0.115, 3)) + level(
-        "candidate", jittered(200, 0.115, 4), repeat=1
-    )
+    reference = two_repeats(level, "reference", 200, 0.100, 1)
+    candidate = two_repeats(level, "candidate", 200, 0.115, 3)
     (row,) = compare_levels(reference, candidate).to_dict("records")
     assert row["mean_ttft_ms_word"] == SLOWER
     assert row["mean_ttft_ms_ci_low_pct"] < 15.0 < row["mean_ttft_ms_ci_high_pct"]
@@ -65,12 +70,8 @@ def test_a_planted_slowdown_is_slower_and_its_interval_covers_it(level):
 
 
 def test_the_same_distribution_on_both_sides_is_within_noise(level):
-    reference = level("reference", jittered(100, 0.1, 5)) + level(
-        "reference", jittered(100, 0.1, 6), repeat=1
-    )
-    candidate = level("candidate", jittered(100, 0.1, 7)) + level(
-        "candidate", jittered(100, 0.1, 8), repeat=1
-    )
+    reference = two_repeats(level, "reference", 100, 0.1, 5)
+    candidate = two_repeats(level, "candidate", 100, 0.1, 7)
     (row,) = compare_levels(reference, candidate).to_dict("records")
     for metric in ("mean_ttft_ms", "median_ttft_ms", "mean_e2el_ms", "mean_tpot_ms"):
         assert row[f"{metric}_word"] == NOISE, metric
@@ -144,3 +145,20 @@ def test_a_200_request_level_with_repeats_is_fast(level):
     frame = compare_levels(reference, candidate)
     assert time.perf_counter() - started < 1.0
     assert {f"{m}_word" for m in PERF_METRICS} <= set(frame.columns)
+
+
+def test_the_aa_floor_compares_the_replay_with_the_level_it_ran_at(level):
+    """The A/A replay carries the first level's labels but ran at C=4: it is compared with the
+    reference's C=4 level, as its own row that the gate does not read."""
+    reference = level("reference", [0.1] * 20) + level("reference", [0.2] * 20, level=4)
+    candidate = level("candidate", [0.1] * 20) + level("candidate", [0.2] * 20, level=4)
+    replay = level("reference-aa", [0.2] * 20)
+    frame = perf_frame(reference + candidate, replay, aa_concurrency=4)
+    assert list(zip(frame["comparison"], frame["level"], strict=True)) == [
+        (CANDIDATE, 1),
+        (CANDIDATE, 4),
+        (AA, 4),
+    ]
+    assert frame.iloc[2]["mean_ttft_ms_ratio"] == pytest.approx(1.0)
+    assert list(candidate_rows(frame)["comparison"]) == [CANDIDATE, CANDIDATE]
+    assert len(perf_frame(reference + candidate, replay, aa_concurrency=8)) == 2  # no C=8 level

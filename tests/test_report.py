@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 
@@ -242,6 +243,16 @@ def test_summary_markdown_starts_with_the_verdict(outcome, written):
 def test_summary_markdown_flags_levels_with_jit_compilation(written):
     text = written["summary.md"].read_text(encoding="utf-8")
     assert "**JIT compilation during timed requests:** C=4 repeat 0 (reference)" in text
+
+
+def test_summary_markdown_shows_the_aa_performance_floor(outcome):
+    reference = [r for r in outcome.records if r.side == "reference" and r.level == 1]
+    replay = [dataclasses.replace(r, side="reference-aa") for r in reference]
+    perf = perf_frame(outcome.records, replay, aa_concurrency=1)
+    text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
+    (line,) = [x for x in text.splitlines() if x.startswith("A/A performance floor")]
+    assert line.startswith("A/A performance floor at C=1: TTFT +0.0 % [")
+    assert line.count("within noise") == 3
 
 
 def test_summary_markdown_lists_gates_and_mismatches(outcome, written):

@@ -395,3 +395,16 @@ def test_the_word_follows_the_kind_of_the_failed_gate_not_its_name():
     assert verdict_word([Gate("any name", False, "")], counts, None) == "NOT equivalent"
     slower = [Gate("performance", False, "", GateKind.PERFORMANCE)]
     assert verdict_word(slower, counts, None) == "identical"
+
+
+def test_performance_gate_reads_only_the_candidate_rows():
+    deltas = pd.DataFrame(
+        {
+            "comparison": ["candidate/reference", "A/A"],
+            "level": [4, 4],
+            "mean_ttft_ms_ci_low_pct": [-1.0, 40.0],
+            "mean_ttft_ms_ci_high_pct": [1.0, 60.0],
+        }
+    )
+    result = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=5))
+    assert gate(result, "performance").passed
