@@ -3,10 +3,11 @@
 
 Metric names and definitions are `vllm bench serve`'s (mean TTFT over requests, TPOT =
 (E2EL - TTFT)/(tokens - 1) per request, ITL over every inter-token gap, throughputs over the
-level's wall time). The bootstrap resamples repeats, then requests within each repeat, on both
-sides independently; a throughput keeps its repeat's wall time, so its interval covers the
-token-count and repeat-to-repeat variation, not the timing jitter inside one repeat. The interval
-is the noise floor: a change whose interval includes 1 is `within noise`.
+level's wall time). The bootstrap is paired: it draws repeats, then request positions within each
+repeat, the same draws for both sides (request i is the same prompt on both). A throughput keeps
+its repeat's wall time, so its interval is the repeat-to-repeat variation (none with a single
+repeat: then its word is `single run`). The interval is the noise floor: a change whose
+interval includes 1 is `within noise`.
 """
 
 from __future__ import annotations
@@ -35,14 +36,16 @@ PERF_METRICS = {
     "total_token_throughput": False,
 }
 FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+SINGLE = "single run"  # a throughput's word with one repeat: no interval to judge
 
 
 @dataclass(frozen=True)
 class RepeatArrays:
-    """One repeat of one side at one level, per successful request."""
+    """One repeat of one side at one level, by request index (the position in the level's
+    ordered requests, the same prompt on both sides); NaN where a request failed."""
 
     ttft_ms: np.ndarray
-    tpot_ms: np.ndarray  # NaN where a request has fewer than two tokens
+    tpot_ms: np.ndarray  # also NaN where a request has fewer than two tokens
     e2el_ms: np.ndarray
     itl_sum_ms: np.ndarray
     itl_count: np.ndarray
@@ -51,70 +54,105 @@ class RepeatArrays:
     duration_s: float
 
 
-def repeat_arrays(records: list[RequestRecord]) -> RepeatArrays | None:
+def repeat_arrays(records: list[RequestRecord], size: int) -> RepeatArrays | None:
     ok = [r for r in records if r.error is None and r.ttft_s is not None and r.e2el_s is not None]
     if not ok:
         return None
-    out = np.array([float(r.output_tokens or 0) for r in ok])
-    ttft = np.array([r.ttft_s * 1000 for r in ok])
-    e2el = np.array([r.e2el_s * 1000 for r in ok])
+    arrays = {name: np.full(size, np.nan) for name in ("ttft", "e2el", "itl", "n_itl", "out", "in")}
+    for r in ok:
+        arrays["ttft"][r.index] = r.ttft_s * 1000
+        arrays["e2el"][r.index] = r.e2el_s * 1000
+        arrays["itl"][r.index] = sum(r.itl_s) * 1000
+        arrays["n_itl"][r.index] = len(r.itl_s)
+        arrays["out"][r.index] = r.output_tokens or 0
+        arrays["in"][r.index] = r.prompt_tokens or 0
+    out = arrays["out"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (e2el - ttft) / (out - 1), np.nan)
-    ends = [r.sent_at + r.e2el_s for r in ok]
-    duration = max(ends) - min(r.sent_at for r in records)
+        tpot = np.where(out > 1, (arrays["e2el"] - arrays["ttft"]) / (out - 1), np.nan)
+    duration = max(r.sent_at + r.e2el_s for r in ok) - min(r.sent_at for r in records)
     return RepeatArrays(
-        ttft_ms=ttft,
+        ttft_ms=arrays["ttft"],
         tpot_ms=tpot,
-        e2el_ms=e2el,
-        itl_sum_ms=np.array([sum(r.itl_s) * 1000 for r in ok]),
-        itl_count=np.array([float(len(r.itl_s)) for r in ok]),
+        e2el_ms=arrays["e2el"],
+        itl_sum_ms=arrays["itl"],
+        itl_count=arrays["n_itl"],
         output_tokens=out,
-        prompt_tokens=np.array([float(r.prompt_tokens or 0) for r in ok]),
+        prompt_tokens=arrays["in"],
         duration_s=duration,
     )
 
 
-def _metrics(a: RepeatArrays, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Every metric of one repeat; with idx (resamples x requests), one value per resample."""
-
-    def pick(values: np.ndarray) -> np.ndarray:
-        return values[None, :] if idx is None else values[idx]
-
-    ttft, tpot, e2el = pick(a.ttft_ms), pick(a.tpot_ms), pick(a.e2el_ms)
-    duration = a.duration_s if a.duration_s > 0 else np.nan
-    out, prompt = pick(a.output_tokens).sum(axis=1), pick(a.prompt_tokens).sum(axis=1)
+def _nanmean(values: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot_mean = np.nansum(tpot, axis=1) / (~np.isnan(tpot)).sum(axis=1)
-        itl_mean = pick(a.itl_sum_ms).sum(axis=1) / pick(a.itl_count).sum(axis=1)
+        return np.nansum(values, axis=1) / (~np.isnan(values)).sum(axis=1)
+
+
+def _metrics(a: RepeatArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """Every metric of one repeat, one value per row of idx (resamples x request indices)."""
+    ttft, tpot, e2el = a.ttft_ms[idx], a.tpot_ms[idx], a.e2el_ms[idx]
+    duration = a.duration_s if a.duration_s > 0 else np.nan
+    out, prompt = np.nansum(a.output_tokens[idx], axis=1), np.nansum(a.prompt_tokens[idx], axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        itl_mean = np.nansum(a.itl_sum_ms[idx], axis=1) / np.nansum(a.itl_count[idx], axis=1)
+    completed = (~np.isnan(ttft)).sum(axis=1)
     return {
-        "mean_ttft_ms": ttft.mean(axis=1),
-        "median_ttft_ms": np.median(ttft, axis=1),
-        "p99_ttft_ms": np.percentile(ttft, 99, axis=1),
-        "mean_tpot_ms": tpot_mean,
+        "mean_ttft_ms": _nanmean(ttft),
+        "median_ttft_ms": _nanpercentile(ttft, 50),
+        "p99_ttft_ms": _nanpercentile(ttft, 99),
+        "mean_tpot_ms": _nanmean(tpot),
         "mean_itl_ms": itl_mean,
-        "mean_e2el_ms": e2el.mean(axis=1),
-        "request_throughput": np.full(ttft.shape[0], ttft.shape[1] / duration),
+        "mean_e2el_ms": _nanmean(e2el),
+        "request_throughput": completed / duration,
         "output_throughput": out / duration,
         "total_token_throughput": (out + prompt) / duration,
     }
 
 
-def side_estimates(
-    repeats: list[RepeatArrays], rng: np.random.Generator, resamples: int = RESAMPLES
+def _nanpercentile(values: np.ndarray, q: float) -> np.ndarray:
+    """Per row, ignoring NaN; NaN sorts last, so each row's valid values come first."""
+    ordered = np.sort(values, axis=1)
+    valid = (~np.isnan(values)).sum(axis=1)
+    position = (np.maximum(valid, 1) - 1) * q / 100
+    low = np.floor(position).astype(int)
+    high = np.minimum(low + 1, np.maximum(valid - 1, 0))
+    rows = np.arange(values.shape[0])
+    below, above = ordered[rows, low], ordered[rows, high]
+    result = below + (above - below) * (position - low)
+    return np.where(valid > 0, result, np.nan)
+
+
+def paired_estimates(
+    pairs: list[tuple[RepeatArrays, RepeatArrays]],
+    rng: np.random.Generator,
+    resamples: int = RESAMPLES,
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Point estimates (mean over repeats) and their bootstrap distributions."""
-    points = {m: float(np.mean([_metrics(a)[m][0] for a in repeats])) for m in PERF_METRICS}
-    per_repeat = [
-        _metrics(a, rng.integers(0, a.ttft_ms.size, size=(resamples, a.ttft_ms.size)))
-        for a in repeats
+    """Point ratios (mean over repeats of each side, candidate / reference) and their paired
+    bootstrap: the same repeats, and within each the same request positions (the same prompts),
+    are drawn for both sides, so the prompt mix cancels and what varies is how each side served
+    them."""
+    whole = [np.arange(ref.ttft_ms.size)[None, :] for ref, _ in pairs]
+    points = {}
+    for metric in PERF_METRICS:
+        ref = np.mean([_metrics(r, i)[metric][0] for (r, _), i in zip(pairs, whole, strict=True)])
+        cand = np.mean([_metrics(c, i)[metric][0] for (_, c), i in zip(pairs, whole, strict=True)])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            points[metric] = float(cand / ref)
+    draws = [
+        rng.integers(0, ref.ttft_ms.size, size=(resamples, ref.ttft_ms.size)) for ref, _ in pairs
     ]
-    chosen = rng.integers(0, len(repeats), size=(resamples, len(repeats)))
+    per_repeat = [
+        (_metrics(ref, idx), _metrics(cand, idx))
+        for (ref, cand), idx in zip(pairs, draws, strict=True)
+    ]
+    chosen = rng.integers(0, len(pairs), size=(resamples, len(pairs)))
     rows = np.arange(resamples)[:, None]
-    boot = {
-        m: np.stack([r[m] for r in per_repeat], axis=1)[rows, chosen].mean(axis=1)
-        for m in PERF_METRICS
-    }
-    return points, boot
+    ratios = {}
+    for metric in PERF_METRICS:
+        ref = np.stack([r[metric] for r, _ in per_repeat], axis=1)[rows, chosen].mean(axis=1)
+        cand = np.stack([c[metric] for _, c in per_repeat], axis=1)[rows, chosen].mean(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratios[metric] = cand / ref
+    return points, ratios
 
 
 def word(lower_is_better: bool, low: float, high: float) -> str:
@@ -137,49 +175,57 @@ def compare_levels(
     """One row per level both sides ran: per metric `<m>_ratio` (candidate / reference), its
     interval `<m>_ci_low` / `<m>_ci_high`, the same as percent change (candidate - reference,
     relative: `<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and `<m>_word`."""
-    sides = {"reference": _by_level(reference), "candidate": _by_level(candidate)}
+    levels = _paired_levels(list(reference), list(candidate))
     rng = np.random.default_rng(seed)
     alpha = (1 - CONFIDENCE) / 2 * 100
     rows = []
-    for level in sorted(set(sides["reference"]) & set(sides["candidate"])):
-        ref_repeats, cand_repeats = sides["reference"][level], sides["candidate"][level]
-        ref_points, ref_boot = side_estimates(ref_repeats, rng)
-        cand_points, cand_boot = side_estimates(cand_repeats, rng)
+    for level, pairs in levels.items():
+        points, boot = paired_estimates(pairs, rng)
         row: dict = {
             "comparison": comparison,
             "level": level,
-            "repeats": min(len(ref_repeats), len(cand_repeats)),
-            "requests": int(sum(a.ttft_ms.size for a in cand_repeats)),
+            "repeats": len(pairs),
+            "requests": int(sum(np.sum(~np.isnan(cand.ttft_ms)) for _, cand in pairs)),
         }
         for metric, lower_is_better in PERF_METRICS.items():
-            with np.errstate(invalid="ignore", divide="ignore"):
-                ratio = cand_points[metric] / ref_points[metric]
-                ratios = cand_boot[metric] / ref_boot[metric]
+            ratio, ratios = points[metric], boot[metric]
             ratios = ratios[np.isfinite(ratios)]
             low, high = (
                 np.percentile(ratios, [alpha, 100 - alpha]) if ratios.size else (np.nan, np.nan)
             )
+            if not lower_is_better and len(pairs) < 2:
+                low = high = np.nan  # one repeat: a throughput has no run-to-run variation yet
             row[f"{metric}_ratio"] = ratio
             row[f"{metric}_ci_low"] = low
             row[f"{metric}_ci_high"] = high
             row[f"{metric}_change_pct"] = (ratio - 1) * 100
             row[f"{metric}_ci_low_pct"] = (low - 1) * 100
             row[f"{metric}_ci_high_pct"] = (high - 1) * 100
-            row[f"{metric}_word"] = word(lower_is_better, low, high)
+            row[f"{metric}_word"] = (
+                word(lower_is_better, low, high) if np.isfinite(low) or lower_is_better else SINGLE
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _by_level(records: Iterable[RequestRecord]) -> dict[int, list[RepeatArrays]]:
-    groups: dict[tuple[int, int], list[RequestRecord]] = {}
-    for r in records:
-        if not r.warmup:
-            groups.setdefault((r.level, r.repeat), []).append(r)
-    levels: dict[int, list[RepeatArrays]] = {}
-    for (level, _), group in sorted(groups.items()):
-        arrays = repeat_arrays(group)
-        if arrays is not None:
-            levels.setdefault(level, []).append(arrays)
+def _paired_levels(
+    reference: list[RequestRecord], candidate: list[RequestRecord]
+) -> dict[int, list[tuple[RepeatArrays, RepeatArrays]]]:
+    """Per level, the repeats both sides ran, as (reference, candidate) arrays of one size."""
+    groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
+    for side, records in (("reference", reference), ("candidate", candidate)):
+        for r in records:
+            if not r.warmup:
+                groups.setdefault((side, r.level, r.repeat), []).append(r)
+    levels: dict[int, list[tuple[RepeatArrays, RepeatArrays]]] = {}
+    for (side, level, repeat), ref_records in sorted(groups.items()):
+        cand_records = groups.get(("candidate", level, repeat))
+        if side != "reference" or cand_records is None:
+            continue
+        size = 1 + max(r.index for r in ref_records + cand_records)
+        ref, cand = repeat_arrays(ref_records, size), repeat_arrays(cand_records, size)
+        if ref is not None and cand is not None:
+            levels.setdefault(level, []).append((ref, cand))
     return levels
 
 

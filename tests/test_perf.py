@@ -11,6 +11,7 @@ from rig.perf import (
     FASTER,
     NOISE,
     PERF_METRICS,
+    SINGLE,
     SLOWER,
     candidate_rows,
     compare_levels,
@@ -30,6 +31,7 @@ def level(make_record):
             make_record(
                 side,
                 f"q{i}",
+                index=i,
                 level=level,
                 repeat=repeat,
                 sent_at=1000.0 + i * gap_s,
@@ -162,3 +164,17 @@ def test_the_aa_floor_compares_the_replay_with_the_level_it_ran_at(level):
     assert frame.iloc[2]["mean_ttft_ms_ratio"] == pytest.approx(1.0)
     assert list(candidate_rows(frame)["comparison"]) == [CANDIDATE, CANDIDATE]
     assert len(perf_frame(reference + candidate, replay, aa_concurrency=8)) == 2  # no C=8 level
+
+
+def test_the_bootstrap_is_paired_so_the_prompt_mix_cancels(level):
+    """Five short prompts and one long one, the candidate 10% slower on each: an unpaired
+    bootstrap would swing with how often it draws the long prompt; the paired one does not."""
+    ttfts = [0.01] * 5 + [1.0]
+    reference = level("reference", ttfts)
+    candidate = level("candidate", [t * 1.1 for t in ttfts])
+    (row,) = compare_levels(reference, candidate).to_dict("records")
+    assert row["mean_ttft_ms_ci_low"] == pytest.approx(1.1)
+    assert row["mean_ttft_ms_ci_high"] == pytest.approx(1.1)
+    assert row["mean_ttft_ms_word"] == SLOWER
+    assert row["output_throughput_word"] == SINGLE  # one repeat: no run-to-run variation
+    assert math.isnan(row["output_throughput_ci_low_pct"])
