@@ -2,12 +2,14 @@
 candidate-vs-reference deltas, using vLLM's benchmark definitions so numbers line up with
 `vllm bench serve` (TTFT at the first non-empty choices; TPOT = (E2EL - TTFT)/(tokens - 1)).
 
-With repeats, each level's metric is computed per repeat; the spread across repeats is the noise
-band, and a delta smaller than the band is reported as noise, not as a gain or a loss.
+Column names are `vllm bench serve`'s (mean_ttft_ms, median_ttft_ms, p99_ttft_ms, ...,
+request_throughput, output_throughput, total_token_throughput, completed, failed, duration), one
+row per (side, level, repeat); the candidate-vs-reference comparison lives in rig.perf.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import numpy as np
@@ -16,16 +18,7 @@ import pandas as pd
 from rig.compare import PairResult
 from rig.records import RequestRecord
 
-PERCENTILES = (50, 90, 99)
-# (metric, True when lower is better) for the delta table
-DELTA_METRICS = {
-    "ttft_mean_ms": True,
-    "tpot_mean_ms": True,
-    "e2el_mean_ms": True,
-    "request_throughput": False,
-    "output_throughput": False,
-    "total_throughput": False,
-}
+PERCENTILES = (90, 99)
 
 
 def request_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
@@ -67,33 +60,37 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
+def _distribution(stats: dict, name: str, values: np.ndarray) -> None:
+    """mean/median/std/p90/p99 of one metric, as `vllm bench serve` names them."""
+    empty = not values.size
+    stats[f"mean_{name}_ms"] = np.nan if empty else float(values.mean())
+    stats[f"median_{name}_ms"] = np.nan if empty else float(np.median(values))
+    stats[f"std_{name}_ms"] = np.nan if empty else float(values.std())
+    for p in PERCENTILES:
+        stats[f"p{p}_{name}_ms"] = np.nan if empty else float(np.percentile(values, p))
+
+
 def _level_stats(group: pd.DataFrame, itl_ms: list[float]) -> dict:
     ok = group[group["ok"]]
     stats: dict = {
         "requests": len(group),
-        "ok": int(ok.shape[0]),
+        "completed": int(ok.shape[0]),
         "failed": int((~group["ok"]).sum()),
     }
-    for metric in ("ttft_ms", "tpot_ms", "e2el_ms"):
-        values = ok[metric].dropna().to_numpy(dtype=float)
-        name = metric.removesuffix("_ms")
-        stats[f"{name}_mean_ms"] = float(values.mean()) if values.size else np.nan
-        for p in PERCENTILES:
-            stats[f"{name}_p{p}_ms"] = float(np.percentile(values, p)) if values.size else np.nan
-    itl = np.asarray(itl_ms, dtype=float)
-    stats["itl_mean_ms"] = float(itl.mean()) if itl.size else np.nan
-    for p in PERCENTILES:
-        stats[f"itl_p{p}_ms"] = float(np.percentile(itl, p)) if itl.size else np.nan
+    for metric in ("ttft", "tpot", "e2el"):
+        _distribution(stats, metric, ok[f"{metric}_ms"].dropna().to_numpy(dtype=float))
+    _distribution(stats, "itl", np.asarray(itl_ms, dtype=float))
     finished = ok["finished_at"].dropna()
     duration = float(finished.max() - group["sent_at"].min()) if not finished.empty else np.nan
     output_tokens = float(ok["output_tokens"].fillna(0).sum())
     prompt_tokens = float(ok["prompt_tokens"].fillna(0).sum())
-    stats["duration_s"] = duration
-    stats["request_throughput"] = ok.shape[0] / duration if duration and duration > 0 else np.nan
-    stats["output_throughput"] = output_tokens / duration if duration and duration > 0 else np.nan
-    stats["total_throughput"] = (
-        (output_tokens + prompt_tokens) / duration if duration and duration > 0 else np.nan
-    )
+    per_s = duration if duration and duration > 0 else np.nan
+    stats["duration"] = duration
+    stats["total_input_tokens"] = int(prompt_tokens)
+    stats["total_output_tokens"] = int(output_tokens)
+    stats["request_throughput"] = ok.shape[0] / per_s
+    stats["output_throughput"] = output_tokens / per_s
+    stats["total_token_throughput"] = (output_tokens + prompt_tokens) / per_s
     return stats
 
 
@@ -127,39 +124,54 @@ def summary_frame(
     return summary
 
 
-def delta_frame(summary: pd.DataFrame, reference: str = "reference", candidate: str = "candidate"):
-    """Candidate vs reference per level, in percent (positive = candidate better), with the
-    repeat-to-repeat spread of each side and a verdict word: better, worse or noise."""
-    if summary.empty or not {reference, candidate} <= set(summary["side"]):
-        return pd.DataFrame()
-    rows = []
-    for level, group in summary.groupby("level", sort=True):
-        ref = group[group["side"] == reference]
-        cand = group[group["side"] == candidate]
-        row: dict = {"level": level, "repeats": int(min(len(ref), len(cand)))}
-        for metric, lower_is_better in DELTA_METRICS.items():
-            ref_mean, cand_mean = ref[metric].mean(), cand[metric].mean()
-            if not (np.isfinite(ref_mean) and np.isfinite(cand_mean)) or ref_mean == 0:
-                row[f"{metric}_delta_pct"] = np.nan
-                row[f"{metric}_verdict"] = "n/a"
-                continue
-            change = (cand_mean - ref_mean) / ref_mean * 100.0
-            gain = -change if lower_is_better else change
-            spread = max(_spread_pct(ref[metric]), _spread_pct(cand[metric]))
-            row[f"{metric}_delta_pct"] = gain
-            row[f"{metric}_spread_pct"] = spread
-            if len(ref) < 2 or len(cand) < 2:
-                row[f"{metric}_verdict"] = "single run"
-            elif abs(gain) <= spread:
-                row[f"{metric}_verdict"] = "noise"
-            else:
-                row[f"{metric}_verdict"] = "better" if gain > 0 else "worse"
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _spread_pct(values: pd.Series) -> float:
-    values = values.dropna()
-    if len(values) < 2 or values.mean() == 0:
-        return 0.0
-    return float((values.max() - values.min()) / abs(values.mean()) * 100.0)
+def bench_results(
+    records: list[RequestRecord], summary: pd.DataFrame, manifest: dict
+) -> dict[str, dict]:
+    """Per side and level (and repeat, when there are several), a result in the layout of
+    `vllm bench serve --save-result`: file name -> JSON object. Scripts written for vLLM's
+    result files read these; warm-up requests are not in them."""
+    if summary.empty:
+        return {}
+    scenario = manifest.get("scenario", {})
+    workload = scenario.get("workload", {})
+    model = scenario.get("model", {})
+    many = int(summary["repeat"].max()) > 0
+    results = {}
+    for row in summary.to_dict("records"):
+        side, level, repeat = row["side"], int(row["level"]), int(row["repeat"])
+        chosen = sorted(
+            (
+                r
+                for r in records
+                if (r.side, r.level, r.repeat) == (side, level, repeat) and not r.warmup
+            ),
+            key=lambda r: r.sent_at,
+        )
+        stats = {
+            k: (None if isinstance(v, float) and np.isnan(v) else v)
+            for k, v in row.items()
+            if k not in ("side", "level", "repeat", "requests", "matches", "pairs")
+        }
+        name = f"{side}-c{level}" + (f"-r{repeat}" if many else "") + ".json"
+        results[name] = {
+            "date": time.strftime("%Y%m%d-%H%M%S", time.gmtime(chosen[0].sent_at))
+            if chosen
+            else None,
+            "backend": "openai-chat",
+            "label": side,
+            "model_id": model.get("name") or manifest.get("model_path"),
+            "tokenizer_id": manifest.get("model_path"),
+            "num_prompts": len(chosen),
+            "request_rate": workload.get("request_rate") or "inf",
+            "burstiness": workload.get("burstiness", 1.0),
+            "max_concurrency": level,
+            **stats,
+            "input_lens": [r.prompt_tokens for r in chosen],
+            "output_lens": [r.output_tokens for r in chosen],
+            "ttfts": [r.ttft_s for r in chosen],
+            "itls": [list(r.itl_s) for r in chosen],
+            "latencies": [r.e2el_s for r in chosen],
+            "generated_texts": [r.text for r in chosen],
+            "errors": [r.error or "" for r in chosen],
+        }
+    return results

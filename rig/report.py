@@ -1,4 +1,6 @@
-"""Reports under results/<run-id>/: requests.csv, summary.csv, mismatches.csv, drift.csv,
+"""Reports under results/<run-id>/: requests.csv, summary.csv (`vllm bench serve`'s metric names),
+perf.csv (candidate/reference ratios with 95% intervals), bench/<side>-c<level>.json (`vllm bench
+serve --save-result` layout), mismatches.csv, drift.csv,
 summary.md (short enough for a PR comment), report.html (self-contained, every model output
 HTML-escaped), junit.xml (one test case per request pair) and manifest.json.
 
@@ -17,17 +19,19 @@ import pandas as pd
 
 from rig.compare import PairResult
 from rig.drift import DriftResult
-from rig.metrics import delta_frame, request_frame, summary_frame
+from rig.metrics import bench_results, request_frame, summary_frame
+from rig.perf import AA, candidate_rows, perf_frame
 from rig.records import RequestRecord
 from rig.report_format import DASH, check, missing, number
 from rig.report_html import render_html
 from rig.report_mismatches import Decode, mismatch_order
+from rig.servers import JIT_COMPILE
 from rig.verdict import SideKernel, Verdict
 
 REPORT_FILES = (
     "requests.csv",
     "summary.csv",
-    "deltas.csv",
+    "perf.csv",
     "mismatches.csv",
     "drift.csv",
     "summary.md",
@@ -78,6 +82,7 @@ class RunOutcome:
     aa_pairs: list[PairResult] | None = None
     aa_drift: list[DriftResult] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    perf: pd.DataFrame | None = None  # rig.perf.perf_frame, with the A/A floor when it ran
     error: str | None = None
     prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
 
@@ -94,20 +99,19 @@ def seeds_table(summary: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     means = summary.groupby(["level", "side"], sort=True).agg(
         requests=("requests", "sum"),
-        ok=("ok", "sum"),
-        ttft_mean_ms=("ttft_mean_ms", "mean"),
-        e2el_mean_ms=("e2el_mean_ms", "mean"),
-        total_throughput=("total_throughput", "mean"),
+        completed=("completed", "sum"),
+        mean_ttft_ms=("mean_ttft_ms", "mean"),
+        mean_e2el_ms=("mean_e2el_ms", "mean"),
+        total_token_throughput=("total_token_throughput", "mean"),
         output_throughput=("output_throughput", "mean"),
     )
     if "matches" in summary.columns:
         means["matches"] = summary.groupby(["level", "side"])["matches"].sum(min_count=1)
     table = means.reset_index()
     if not deltas.empty:
-        keep = ["level"] + [
-            c for c in deltas.columns if c.endswith(("_delta_pct", "_spread_pct", "_verdict"))
-        ]
-        table = table.merge(deltas[keep], on="level", how="left")
+        suffixes = ("_change_pct", "_ci_low_pct", "_ci_high_pct", "_word")
+        keep = ["level"] + [c for c in deltas.columns if c.endswith(suffixes)]
+        table = table.merge(candidate_rows(deltas)[keep], on="level", how="left")
         reference_rows = table["side"] != "candidate"
         table.loc[reference_rows, [c for c in keep if c != "level"]] = None
     return table
@@ -156,32 +160,34 @@ def _cell_md(value: object) -> str:
 
 
 def _delta_md(row: pd.Series, metric: str) -> str:
-    value = row.get(f"{metric}_delta_pct")
+    """Candidate - reference in percent, its 95% interval and the word (faster, slower, within
+    noise), e.g. `+12.0 % [+9.1, +15.2] slower`."""
+    value = row.get(f"{metric}_change_pct")
     if missing(value):
         return DASH
     text = f"{value:+.1f} %"
-    spread = row.get(f"{metric}_spread_pct")
-    if row.get(f"{metric}_verdict") in ("noise", "better", "worse") and not missing(spread):
-        text += f" ±{spread:.1f} ({row[f'{metric}_verdict']})"
-    return text
+    low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
+    if not (missing(low) or missing(high)):
+        text += f" [{low:+.1f}, {high:+.1f}]"
+    return f"{text} {row.get(f'{metric}_word', '')}".rstrip()
 
 
 def _level_lines(table: pd.DataFrame) -> list[str]:
     """One Markdown row per level and side."""
     header = [
         "| level | side | ok | identical | TTFT mean | E2EL mean | total tok/s "
-        "| Δ TTFT | Δ E2EL | Δ tok/s |",
+        "| TTFT cand−ref [95% CI] | E2EL cand−ref | tok/s cand−ref |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows = []
     for _, row in table.iterrows():
         matches = row.get("matches")
         rows.append(
-            f"| {row['level']} | {row['side']} | {int(row['ok'])}/{int(row['requests'])} "
+            f"| {row['level']} | {row['side']} | {int(row['completed'])}/{int(row['requests'])} "
             f"| {DASH if missing(matches) or row['side'] != 'candidate' else int(matches)} "
-            f"| {number(row['ttft_mean_ms'], 'ms')} | {number(row['e2el_mean_ms'], 'ms')} "
-            f"| {number(row['total_throughput'])} | {_delta_md(row, 'ttft_mean_ms')} "
-            f"| {_delta_md(row, 'e2el_mean_ms')} | {_delta_md(row, 'total_throughput')} |"
+            f"| {number(row['mean_ttft_ms'], 'ms')} | {number(row['mean_e2el_ms'], 'ms')} "
+            f"| {number(row['total_token_throughput'])} | {_delta_md(row, 'mean_ttft_ms')} "
+            f"| {_delta_md(row, 'mean_e2el_ms')} | {_delta_md(row, 'total_token_throughput')} |"
         )
     return header + rows
 
@@ -233,6 +239,8 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
         f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
     )
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
+    head += _jit_lines(outcome.faults)
+    head += _aa_floor_lines(outcome.perf)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
     budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
@@ -252,6 +260,34 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     )
     text = "\n".join(head + body + footer) + "\n"
     return text[:SUMMARY_MD_LIMIT]
+
+
+def _aa_floor_lines(perf: pd.DataFrame | None) -> list[str]:
+    """The A/A performance floor: what identical kernels measure as a change."""
+    if perf is None or perf.empty or AA not in set(perf.get("comparison", ())):
+        return []
+    lines = []
+    for _, row in perf[perf["comparison"] == AA].iterrows():
+        metrics = ", ".join(
+            f"{name} {_delta_md(row, metric)}"
+            for metric, name in (
+                ("mean_ttft_ms", "TTFT"),
+                ("mean_e2el_ms", "E2EL"),
+                ("total_token_throughput", "tok/s"),
+            )
+        )
+        lines.append(_clip(f"A/A performance floor at C={int(row['level'])}: {metrics}"))
+    return [*lines, ""]
+
+
+def _jit_lines(faults: list[LevelFault]) -> list[str]:
+    """Levels whose server log shows JIT compilation during timed requests: their latencies
+    include compile time (a longer warm-up covers that shape)."""
+    levels = sorted({(f.level, f.repeat, f.side) for f in faults if f.kind == JIT_COMPILE})
+    if not levels:
+        return []
+    where = ", ".join(f"C={level} repeat {repeat} ({side})" for level, repeat, side in levels)
+    return [_clip(f"**JIT compilation during timed requests:** {where}; see report.html."), ""]
 
 
 def _inline(text: str) -> str:
@@ -337,14 +373,18 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     out.mkdir(parents=True, exist_ok=True)
     requests = request_frame(outcome.records)
     summary = summary_frame(outcome.records, outcome.pairs)
-    deltas = delta_frame(summary)
+    deltas = outcome.perf if outcome.perf is not None else perf_frame(outcome.records)
     table = seeds_table(summary, deltas)
     drift = drift_frame(outcome.drift)
     mismatches = pd.DataFrame([p.as_row() for p in outcome.pairs if not p.identical])
     paths = {name: out / name for name in REPORT_FILES}
     requests.to_csv(paths["requests.csv"], index=False)
     summary.to_csv(paths["summary.csv"], index=False)
-    deltas.to_csv(paths["deltas.csv"], index=False)
+    deltas.to_csv(paths["perf.csv"], index=False)
+    bench = out / "bench"
+    bench.mkdir(exist_ok=True)
+    for name, result in bench_results(outcome.records, summary, outcome.manifest).items():
+        (bench / name).write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     mismatches.to_csv(paths["mismatches.csv"], index=False)
     drift.to_csv(paths["drift.csv"], index=False)
     paths["summary.md"].write_text(

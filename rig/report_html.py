@@ -25,22 +25,26 @@ from rig.report_plots import drift_figure, level_figure, margin_figure, side_mar
 
 # (column of summary.csv, header, unit) of the per-level table
 LEVEL_COLUMNS = (
-    ("ttft_mean_ms", "TTFT mean", "ms"),
-    ("ttft_p99_ms", "TTFT p99", "ms"),
-    ("itl_mean_ms", "ITL mean", "ms"),
-    ("itl_p99_ms", "ITL p99", "ms"),
-    ("e2el_mean_ms", "E2EL mean", "ms"),
-    ("e2el_p99_ms", "E2EL p99", "ms"),
+    ("mean_ttft_ms", "TTFT mean", "ms"),
+    ("p99_ttft_ms", "TTFT p99", "ms"),
+    ("mean_itl_ms", "ITL mean", "ms"),
+    ("p99_itl_ms", "ITL p99", "ms"),
+    ("mean_e2el_ms", "E2EL mean", "ms"),
+    ("p99_e2el_ms", "E2EL p99", "ms"),
     ("output_throughput", "output", "tok/s"),
-    ("total_throughput", "total", "tok/s"),
+    ("total_token_throughput", "total", "tok/s"),
 )
+# (column stem of perf.csv, header) of the candidate-vs-reference table
 DELTA_COLUMNS = (
-    ("ttft_mean_ms", "TTFT mean"),
-    ("tpot_mean_ms", "TPOT mean"),
-    ("e2el_mean_ms", "E2EL mean"),
+    ("mean_ttft_ms", "TTFT mean"),
+    ("median_ttft_ms", "TTFT median"),
+    ("p99_ttft_ms", "TTFT p99"),
+    ("mean_tpot_ms", "TPOT mean"),
+    ("mean_itl_ms", "ITL mean"),
+    ("mean_e2el_ms", "E2EL mean"),
     ("request_throughput", "requests/s"),
     ("output_throughput", "output tok/s"),
-    ("total_throughput", "total tok/s"),
+    ("total_token_throughput", "total tok/s"),
 )
 
 # --- verdict, gates, A/A floor, proofs -----------------------------------------------------
@@ -180,7 +184,7 @@ def _spread(values: pd.Series) -> float | None:
 def _level_row(level: int, side: str, group: pd.DataFrame) -> str:
     """One side at one level; with repeats the mean over repeats and the spread below it."""
     cells = cell(level, level, "num") + cell(side, cls="nowrap")
-    requests, ok = int(group["requests"].sum()), int(group["ok"].sum())
+    requests, ok = int(group["requests"].sum()), int(group["completed"].sum())
     cells += cell(f"{ok:,}/{requests:,}", ok, "num" + ("" if ok == requests else " bad"))
     if "matches" in group.columns and side == "candidate":
         matches, pairs = group["matches"].sum(min_count=1), group["pairs"].sum(min_count=1)
@@ -200,37 +204,33 @@ def _level_row(level: int, side: str, group: pd.DataFrame) -> str:
 
 
 def _interval(row: pd.Series, metric: str) -> str:
-    """The uncertainty of one delta: a confidence interval when the metrics stage provides one
-    (`<metric>_ci_low_pct` / `_ci_high_pct`), else the spread over repeats."""
+    """The 95% bootstrap interval of one change (`<metric>_ci_low_pct` / `_ci_high_pct`)."""
     low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
     if not missing(low) and not missing(high):
-        return f"CI [{low:+.1f}, {high:+.1f}] %"
-    spread = row.get(f"{metric}_spread_pct")
-    if int(row.get("repeats", 1) or 1) >= 2 and not missing(spread):
-        return f"spread ±{spread:.1f} %"
+        return f"[{low:+.1f}, {high:+.1f}]"
     return ""
 
 
 def _delta_row(row: pd.Series) -> str:
     level = int(row["level"])
-    cells = cell(level, level, "num") + cell(int(row.get("repeats", 1)), None, "num")
+    cells = cell(level, level, "num") + cell(row.get("comparison", ""), cls="nowrap")
+    cells += cell(int(row.get("repeats", 1)), None, "num")
     for metric, _ in DELTA_COLUMNS:
-        value = row.get(f"{metric}_delta_pct")
-        word = str(row.get(f"{metric}_verdict", ""))
+        value = row.get(f"{metric}_change_pct")
+        word = str(row.get(f"{metric}_word", ""))
         interval = _interval(row, metric)
         text = esc(number(value, "%", 1) if missing(value) else f"{value:+.1f} %")
-        details = " · ".join(p for p in (interval, word) if p and p not in ("n/a", "single run"))
-        if details:
-            text += f"<small>{esc(details)}</small>"
+        for detail in (interval, word):
+            if detail and detail != "n/a":
+                text += f"<small>{esc(detail)}</small>"
         cells += cell(text, value, f"num delta-{word.replace(' ', '-')}", raw=True)
     return cells
 
 
 def delta_table(deltas: pd.DataFrame) -> str:
-    """Candidate vs reference per level, each delta with its interval (when the metrics give
-    one) or its spread over repeats, and the metrics' word for it."""
+    """Candidate vs reference per level, each change with its 95% interval and its word."""
     rows = [_delta_row(row) for _, row in deltas.iterrows()]
-    return table(["level", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
+    return table(["level", "compared", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
 
 
 def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
@@ -241,13 +241,18 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
     if not deltas.empty:
         parts += [
             "<h3>Candidate against reference</h3>",
-            "<p>Positive = the candidate is better (lower latency, higher throughput). "
+            "<p>Change = candidate − reference, in percent of the reference (a positive "
+            "latency change is slower, a positive throughput change faster), with its 95% "
+            "bootstrap interval [low, high] over requests and repeats. An interval that "
+            "includes no change is <em>within noise</em>; the A/A row (the reference server "
+            "replaying a level's requests) is what identical kernels measure"
             + (
-                "A change inside the spread between repeats is reported as noise.</p>"
+                "."
                 if int(deltas["repeats"].max()) >= 2
-                else "A single run: these deltas carry no spread (<code>workload.repeats: 3"
-                "</code> measures one).</p>"
-            ),
+                else "; a single run's interval covers only request-to-request variation "
+                "(<code>workload.repeats: 3</code> adds the run-to-run part)."
+            )
+            + "</p>",
             delta_table(deltas),
         ]
     rows = [
@@ -266,7 +271,7 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
         sides = dict(sorted(by_level[level].items(), key=lambda item: item[0] != "reference"))
         level_rows = summary[summary["level"] == level]
         throughput = {
-            side: level_rows[level_rows["side"] == side]["total_throughput"].tolist()
+            side: level_rows[level_rows["side"] == side]["total_token_throughput"].tolist()
             for side in sides
         }
         repeats = int(level_rows["repeat"].nunique()) if "repeat" in level_rows else 1
@@ -415,7 +420,7 @@ td.bad,.error{color:#b71c1c;font-weight:600}
 .mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 table.gates td.mark{white-space:nowrap;font-weight:700;width:7em}
 tr.pass td.mark{color:#1b5e20}tr.fail td.mark{color:#b71c1c}tr.fail{background:#fdecea}
-.delta-better{color:#1b5e20}.delta-worse{color:#b71c1c}.delta-noise{color:#666}
+.delta-faster{color:#1b5e20}.delta-slower{color:#b71c1c}.delta-within-noise{color:#666}
 .js table.sortable th{cursor:pointer}.js table.sortable th:after{content:" ↕";color:#aaa}
 th[data-dir=asc]:after{content:" ↑"!important}th[data-dir=desc]:after{content:" ↓"!important}
 figure{margin:10px 0}figure img{max-width:100%;height:auto;display:block}

@@ -32,7 +32,7 @@ from rig.drift import (
 )
 from rig.load import run_level
 from rig.manifest import build_manifest
-from rig.metrics import delta_frame, summary_frame
+from rig.perf import perf_frame
 from rig.placement import shard
 from rig.prefix_cache import read_prefix_cache_counters
 from rig.preflight import PreflightError, preflight, render_plan
@@ -40,9 +40,23 @@ from rig.prompts import Prompt, PromptFileError
 from rig.records import RequestRecord, ServerTarget, SideJob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
-from rig.servers import Hardware, LaunchPlan, Server, ServerError, ServerSet, scan_log
+from rig.servers import (
+    ADVISORY_LOG_KINDS,
+    Hardware,
+    LaunchPlan,
+    Server,
+    ServerError,
+    ServerSet,
+    scan_log,
+)
 from rig.verdict import Gate, SideKernel, Verdict, decide
-from rig.workload import WorkloadError, level_requests, resolve_prompts, tokenize_body
+from rig.workload import (
+    WorkloadError,
+    level_requests,
+    resolve_prompts,
+    tokenize_body,
+    warmup_prompts,
+)
 
 EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
 AA_SIDE = "reference-aa"
@@ -251,24 +265,26 @@ class Runner:
     def run_load(self, servers: dict[str, Server]) -> None:
         workload = self.scenario.workload
         targets = self.targets(servers)
-        if workload.warmup_requests:
-            warmup = [
+        warmup = warmup_prompts(workload, self.prompts)
+        if warmup:
+            jobs = [
                 SideJob(
                     target,
                     level_requests(
                         workload,
-                        self.prompts,
+                        warmup,
                         level=0,
                         repeat=0,
                         side=target.side,
                         run_id=self.run_id,
                         tag=f"warmup{target.replica or ''}-",
-                        count=workload.warmup_requests,
+                        count=len(warmup),
                     ),
                 )
                 for target in targets.values()
             ]
-            run_level(warmup, min(workload.concurrency), timeout_s=workload.timeout_s)
+            print(f"rig: warm-up, {len(warmup)} untimed requests per server", flush=True)
+            run_level(jobs, min(workload.concurrency), timeout_s=workload.timeout_s)
         for level in workload.concurrency:
             for repeat in range(workload.repeats):
                 if (level, repeat) not in self.done_levels:
@@ -382,6 +398,11 @@ class Runner:
         )
         self.state.forced.update(replayed)
 
+    @property
+    def aa_concurrency(self) -> int:
+        workload = self.scenario.workload
+        return self.scenario.control.aa_concurrency or max(workload.concurrency)
+
     def run_aa(self, reference: Server) -> None:
         """Replay the reference's requests on the reference server in reverse order at another
         concurrency: the noise floor of identical kernels under other batch compositions."""
@@ -397,7 +418,7 @@ class Runner:
             side=AA_SIDE,
             run_id=self.run_id,
         )
-        concurrency = self.scenario.control.aa_concurrency or max(workload.concurrency)
+        concurrency = self.aa_concurrency
         print(f"rig: A/A control, {len(specs)} requests at C={concurrency}", flush=True)
         results = run_level(
             [SideJob(target, list(reversed(specs)))], concurrency, timeout_s=workload.timeout_s
@@ -491,7 +512,7 @@ class Runner:
             aa_drift = self._drift(AA_SIDE)
         hits = sum(p.hits for p in state.prefix_cache)
         kernels = self.side_kernels
-        summary = summary_frame(state.records, pairs)
+        perf = perf_frame(state.records, state.aa_records, self.aa_concurrency)
         verdict = decide(
             scenario.gates,
             pairs,
@@ -500,8 +521,8 @@ class Runner:
             kernels,
             scenario.candidate.kernel,
             is_aa_run(scenario),
-            log_faults=len(state.faults),
-            deltas=delta_frame(summary),
+            log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
+            deltas=perf,
             aa_pairs=aa_pairs,
             aa_drift=aa_drift,
             reference_backend=scenario.model.gdn_prefill_backend,
@@ -524,6 +545,7 @@ class Runner:
             aa_pairs=aa_pairs,
             aa_drift=aa_drift,
             timings=state.timings,
+            perf=perf,
             error=error,
             prompt_categories={p.id: p.category for p in self.prompts if p.category},
         )

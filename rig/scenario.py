@@ -155,7 +155,12 @@ class WorkloadConfig(_Strict):
     concurrency: list[Annotated[int, Field(gt=0, le=4096)]] = Field(min_length=1)
     requests_per_level: int | None = Field(None, gt=0)
     repeats: int = Field(1, ge=1)
-    warmup_requests: int = Field(0, ge=0)
+    warmup_requests: int | None = Field(
+        None,
+        ge=0,
+        description="untimed requests per server before the first level; default: the "
+        "workload's shortest and longest prompt; 0: no warm-up",
+    )
     request_rate: float | None = Field(None, gt=0)
     burstiness: float = Field(1.0, gt=0)
     timeout_s: float = Field(600.0, gt=0)

@@ -20,6 +20,7 @@ import pandas as pd
 from kernels.backends import CPU_NATIVE, reference_kernel_name
 from rig.compare import PairResult
 from rig.drift import DriftResult
+from rig.perf import PERF_METRICS, candidate_rows, worst_slowdown_pct
 from rig.scenario import GatesConfig
 
 
@@ -233,18 +234,34 @@ def decide(
     if reference_backend is not None and kernels:
         gates.append(_reference_backend_gate(kernels, reference_backend, is_aa))
     if g.max_perf_regression_pct is not None and deltas is not None and not deltas.empty:
-        worst = deltas[[c for c in deltas.columns if c.endswith("_delta_pct")]].min().min()
-        gates.append(
-            Gate(
-                "performance",
-                not (worst < -g.max_perf_regression_pct),
-                f"worst delta {worst:+.2f}% (allowed -{g.max_perf_regression_pct}%)",
-                GateKind.PERFORMANCE,
-            )
-        )
+        gates.append(_performance_gate(candidate_rows(deltas), g.max_perf_regression_pct))
     passed = all(gate.passed for gate in gates)
     word = verdict_word(gates, counts, aa_counts)
     return Verdict(word=word, passed=passed, gates=tuple(gates), counts=counts, aa_counts=aa_counts)
+
+
+def _performance_gate(deltas: pd.DataFrame, allowed_pct: float) -> Gate:
+    """Fails only where a metric's whole 95% interval is slower than the allowed regression:
+    a point estimate inside the noise never fails a run."""
+    worst = max(
+        (
+            (worst_slowdown_pct(row, metric), int(row["level"]), metric)
+            for _, row in deltas.iterrows()
+            for metric in PERF_METRICS
+            if f"{metric}_ci_low_pct" in row and pd.notna(row[f"{metric}_ci_low_pct"])
+        ),
+        default=None,
+    )
+    if worst is None:
+        return Gate("performance", True, "no interval to judge", GateKind.PERFORMANCE)
+    slowdown, level, metric = worst
+    return Gate(
+        "performance",
+        not slowdown > allowed_pct,
+        f"worst: {metric} at C={level}, slowdown at the 95% CI's better bound "
+        f"{slowdown:+.2f}% (fails above {allowed_pct}%)",
+        GateKind.PERFORMANCE,
+    )
 
 
 def verdict_word(gates: list[Gate], counts: Counts, aa_counts: Counts | None) -> str:

@@ -84,6 +84,16 @@ def level_requests(
     return specs
 
 
+def warmup_prompts(workload: WorkloadConfig, prompts: list[Prompt]) -> list[Prompt]:
+    """What each server answers, untimed, before its first level: by default the shortest and
+    the longest prompt (the shapes the levels use, so compilation and JIT happen here, not in a
+    timed request); `warmup_requests: N` sends the first N prompts instead, 0 none."""
+    if workload.warmup_requests is not None:
+        return [prompts[i % len(prompts)] for i in range(workload.warmup_requests)]
+    by_length = sorted(prompts, key=lambda p: len(p.text))
+    return list({p.id: p for p in (by_length[0], by_length[-1])}.values())
+
+
 def tokenize_body(prompt: Prompt, workload: WorkloadConfig) -> dict:
     """The /tokenize body that reproduces how the server tokenized this prompt when serving it."""
     if workload.endpoint == "completions":

@@ -89,6 +89,7 @@ def scenario_file(folder: Path, reference_url: str, candidate_url: str, **worklo
             "max_tokens": 8,
             "top_logprobs": 2,
             "timeout_s": 2,
+            "warmup_requests": 0,  # the stub's faults and these counts are by arrival order
             **workload,
         },
         "drift": {"enabled": False},

@@ -1,11 +1,12 @@
+import dataclasses
+import json
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from rig.compare import PairResult
-from rig.metrics import DELTA_METRICS, delta_frame, request_frame, summary_frame
+from rig.metrics import bench_results, request_frame, summary_frame
 
 
 def timed(make_record, side, request_id, sent_at, ttft, e2el, out, prompt, itl, **fields):
@@ -75,29 +76,29 @@ def test_request_frame_tpot_excludes_the_first_token(make_record):
 def test_summary_percentiles_and_throughput(level_records):
     (row,) = summary_frame(level_records).to_dict("records")
     assert (row["side"], row["level"], row["repeat"]) == ("reference", 1, 0)
-    assert (row["requests"], row["ok"], row["failed"]) == (5, 4, 1)
+    assert (row["requests"], row["completed"], row["failed"]) == (5, 4, 1)
     # TTFT 10, 20, 30, 40 ms (the failed request's 5 s is left out)
-    assert row["ttft_mean_ms"] == pytest.approx(25.0)
-    assert row["ttft_p50_ms"] == pytest.approx(25.0)
-    assert row["ttft_p90_ms"] == pytest.approx(37.0)  # 30 + 0.7 * 10
-    assert row["ttft_p99_ms"] == pytest.approx(39.7)
+    assert row["mean_ttft_ms"] == pytest.approx(25.0)
+    assert row["median_ttft_ms"] == pytest.approx(25.0)
+    assert row["p90_ttft_ms"] == pytest.approx(37.0)  # 30 + 0.7 * 10
+    assert row["p99_ttft_ms"] == pytest.approx(39.7)
     # E2EL 500, 1000, 1000, 2000 ms
-    assert row["e2el_mean_ms"] == pytest.approx(1125.0)
-    assert row["e2el_p50_ms"] == pytest.approx(1000.0)
-    assert row["e2el_p90_ms"] == pytest.approx(1700.0)
-    assert row["e2el_p99_ms"] == pytest.approx(1970.0)
+    assert row["mean_e2el_ms"] == pytest.approx(1125.0)
+    assert row["median_e2el_ms"] == pytest.approx(1000.0)
+    assert row["p90_e2el_ms"] == pytest.approx(1700.0)
+    assert row["p99_e2el_ms"] == pytest.approx(1970.0)
     # TPOT (E2EL - TTFT) / (out - 1): 990/4, 1980/2, 470/3, 960/1 ms
     tpots = [990 / 4, 1980 / 2, 470 / 3, 960 / 1]
-    assert row["tpot_mean_ms"] == pytest.approx(sum(tpots) / 4)
+    assert row["mean_tpot_ms"] == pytest.approx(sum(tpots) / 4)
     # ITL: every gap of the answered requests, 100 ... 500 ms
-    assert row["itl_mean_ms"] == pytest.approx(300.0)
-    assert row["itl_p90_ms"] == pytest.approx(460.0)
-    assert row["itl_p99_ms"] == pytest.approx(496.0)
+    assert row["mean_itl_ms"] == pytest.approx(300.0)
+    assert row["p90_itl_ms"] == pytest.approx(460.0)
+    assert row["p99_itl_ms"] == pytest.approx(496.0)
     # first send 1000.0, last finish 1000.5 + 2.0: 2.5 s for 4 answers, 14 out + 40 prompt tokens
-    assert row["duration_s"] == pytest.approx(2.5)
+    assert row["duration"] == pytest.approx(2.5)
     assert row["request_throughput"] == pytest.approx(4 / 2.5)
     assert row["output_throughput"] == pytest.approx(14 / 2.5)
-    assert row["total_throughput"] == pytest.approx(54 / 2.5)
+    assert row["total_token_throughput"] == pytest.approx(54 / 2.5)
 
 
 def test_summary_has_one_row_per_side_level_and_repeat(level_records, make_record):
@@ -117,8 +118,8 @@ def test_summary_has_one_row_per_side_level_and_repeat(level_records, make_recor
 def test_summary_of_an_all_failed_level_has_no_throughput(make_record):
     failed = [make_record("reference", "q0", error="timeout: x", e2el_s=None, ttft_s=None)]
     (row,) = summary_frame(failed).to_dict("records")
-    assert (row["ok"], row["failed"]) == (0, 1)
-    assert math.isnan(row["ttft_mean_ms"]) and math.isnan(row["request_throughput"])
+    assert (row["completed"], row["failed"]) == (0, 1)
+    assert math.isnan(row["mean_ttft_ms"]) and math.isnan(row["request_throughput"])
 
 
 def test_summary_of_nothing_is_empty():
@@ -142,110 +143,63 @@ def test_match_counts_are_merged_per_level_and_repeat(make_record):
     assert (candidate.loc[4, "matches"], candidate.loc[4, "pairs"]) == (1, 1)
 
 
-# --- candidate vs reference --------------------------------------------------------------------
+# --- vllm bench serve's result files -------------------------------------------------------------
+
+# The keys a script written for `vllm bench serve --save-result` files reads (vLLM's own
+# benchmarks/serve.py writes these; its percentile metrics default to ttft, tpot, itl).
+VLLM_RESULT_KEYS = {
+    "date",
+    "backend",
+    "model_id",
+    "num_prompts",
+    "request_rate",
+    "max_concurrency",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "generated_texts",
+    "errors",
+    *(f"{s}_{m}_ms" for s in ("mean", "median", "std", "p99") for m in ("ttft", "tpot", "itl")),
+}
 
 
-def summary_rows(side: str, level: int, values: dict[str, list[float]]) -> list[dict]:
-    """One row per repeat; `values` gives each metric's per-repeat values (others: 1.0)."""
-    repeats = len(next(iter(values.values())))
-    rows = []
-    for repeat in range(repeats):
-        row = {"side": side, "level": level, "repeat": repeat}
-        row.update({metric: 1.0 for metric in DELTA_METRICS})
-        row.update({metric: series[repeat] for metric, series in values.items()})
-        rows.append(row)
-    return rows
+def read_like_vllm_tooling(result: dict) -> dict:
+    """What a typical script over vLLM result files does: JSON round trip, then the summary."""
+    data = json.loads(json.dumps(result))
+    return {
+        "concurrency": data["max_concurrency"],
+        "tok/s": data["output_throughput"],
+        "ttft": data["mean_ttft_ms"],
+        "ok": data["completed"] == sum(1 for e in data["errors"] if not e),
+    }
 
 
-def test_delta_sign_is_positive_when_the_candidate_is_better():
-    summary = pd.DataFrame(
-        summary_rows("reference", 1, {"ttft_mean_ms": [100.0], "output_throughput": [10.0]})
-        + summary_rows("candidate", 1, {"ttft_mean_ms": [90.0], "output_throughput": [9.0]})
-    )
-    (row,) = delta_frame(summary).to_dict("records")
-    assert row["ttft_mean_ms_delta_pct"] == pytest.approx(10.0)  # 10% faster first token
-    assert row["output_throughput_delta_pct"] == pytest.approx(-10.0)  # 10% fewer tokens/s
-    assert row["e2el_mean_ms_delta_pct"] == pytest.approx(0.0)
-    assert row["ttft_mean_ms_verdict"] == "single run"
-    assert row["repeats"] == 1
+def test_bench_results_have_vllm_bench_serve_layout(level_records):
+    manifest = {"scenario": {"model": {"name": "tiny"}, "workload": {}}, "model_path": "/m"}
+    results = bench_results(level_records, summary_frame(level_records), manifest)
+    assert list(results) == ["reference-c1.json"]
+    result = results["reference-c1.json"]
+    assert set(result) >= VLLM_RESULT_KEYS
+    assert read_like_vllm_tooling(result) == {
+        "concurrency": 1,
+        "tok/s": pytest.approx(14 / 2.5),
+        "ttft": pytest.approx(25.0),
+        "ok": True,
+    }
+    assert (result["num_prompts"], len(result["ttfts"]), result["failed"]) == (5, 5, 1)
 
 
-def test_with_repeats_a_change_beyond_the_spread_is_better_or_worse():
-    summary = pd.DataFrame(
-        summary_rows(
-            "reference", 8, {"ttft_mean_ms": [100.0, 102.0], "total_throughput": [10.0, 10.2]}
-        )
-        + summary_rows(
-            "candidate", 8, {"ttft_mean_ms": [90.0, 92.0], "total_throughput": [9.0, 9.2]}
-        )
-    )
-    (row,) = delta_frame(summary).to_dict("records")
-    assert row["repeats"] == 2
-    assert row["ttft_mean_ms_delta_pct"] == pytest.approx(10 / 101 * 100)
-    assert row["ttft_mean_ms_spread_pct"] == pytest.approx(2 / 91 * 100)  # the wider side
-    assert row["ttft_mean_ms_verdict"] == "better"
-    assert row["total_throughput_delta_pct"] == pytest.approx(-1 / 10.1 * 100)
-    assert row["total_throughput_verdict"] == "worse"
-
-
-def test_with_repeats_a_change_inside_the_spread_is_noise():
-    summary = pd.DataFrame(
-        summary_rows("reference", 2, {"e2el_mean_ms": [100.0, 110.0]})
-        + summary_rows("candidate", 2, {"e2el_mean_ms": [98.0, 108.0]})
-    )
-    (row,) = delta_frame(summary).to_dict("records")
-    assert row["e2el_mean_ms_delta_pct"] == pytest.approx(2 / 105 * 100)  # 1.9% better ...
-    assert row["e2el_mean_ms_spread_pct"] == pytest.approx(10 / 103 * 100)  # ... inside 9.7%
-    assert row["e2el_mean_ms_verdict"] == "noise"
-    assert row["request_throughput_verdict"] == "noise"  # 0% change, 0% spread
-
-
-def test_delta_per_level():
-    summary = pd.DataFrame(
-        summary_rows("reference", 1, {"tpot_mean_ms": [10.0]})
-        + summary_rows("candidate", 1, {"tpot_mean_ms": [20.0]})
-        + summary_rows("reference", 4, {"tpot_mean_ms": [10.0]})
-        + summary_rows("candidate", 4, {"tpot_mean_ms": [5.0]})
-    )
-    deltas = delta_frame(summary).set_index("level")
-    assert deltas.loc[1, "tpot_mean_ms_delta_pct"] == pytest.approx(-100.0)
-    assert deltas.loc[4, "tpot_mean_ms_delta_pct"] == pytest.approx(50.0)
-
-
-@pytest.mark.parametrize("reference_value", [0.0, np.nan])
-def test_delta_against_zero_or_missing_is_not_available(reference_value):
-    summary = pd.DataFrame(
-        summary_rows("reference", 1, {"ttft_mean_ms": [reference_value]})
-        + summary_rows("candidate", 1, {"ttft_mean_ms": [5.0]})
-    )
-    (row,) = delta_frame(summary).to_dict("records")
-    assert math.isnan(row["ttft_mean_ms_delta_pct"])
-    assert row["ttft_mean_ms_verdict"] == "n/a"
-
-
-def test_no_deltas_without_both_sides():
-    only_reference = pd.DataFrame(summary_rows("reference", 1, {"ttft_mean_ms": [1.0]}))
-    assert delta_frame(only_reference).empty
-    assert delta_frame(pd.DataFrame()).empty
-
-
-def test_deltas_from_real_records(level_records, make_record):
-    """summary_frame feeds delta_frame: a candidate twice as fast to the first token."""
-    candidate = [
-        make_record(
-            "candidate",
-            r.request_id,
-            sent_at=r.sent_at,
-            ttft_s=None if r.ttft_s is None else r.ttft_s / 2,
-            e2el_s=r.e2el_s,
-            output_tokens=r.output_tokens,
-            prompt_tokens=r.prompt_tokens,
-            itl_s=r.itl_s,
-            error=r.error,
-        )
-        for r in level_records
-    ]
-    (row,) = delta_frame(summary_frame(level_records + candidate)).to_dict("records")
-    assert row["ttft_mean_ms_delta_pct"] == pytest.approx(50.0)
-    assert row["e2el_mean_ms_delta_pct"] == pytest.approx(0.0)
-    assert row["request_throughput_delta_pct"] == pytest.approx(0.0)
+def test_bench_results_are_per_repeat_with_repeats(level_records, make_record):
+    again = [dataclasses.replace(r, repeat=1) for r in level_records]
+    manifest = {"scenario": {}}
+    names = bench_results(level_records + again, summary_frame(level_records + again), manifest)
+    assert sorted(names) == ["reference-c1-r0.json", "reference-c1-r1.json"]

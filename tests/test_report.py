@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 
@@ -7,7 +8,8 @@ import pytest
 from rig import report
 from rig.compare import compare_pairs
 from rig.drift import DriftResult
-from rig.metrics import delta_frame, summary_frame
+from rig.metrics import summary_frame
+from rig.perf import perf_frame
 from rig.records import TokenLogprob
 from rig.report import (
     SUMMARY_MD_LIMIT,
@@ -20,6 +22,7 @@ from rig.report import (
     write_report,
 )
 from rig.scenario import GatesConfig
+from rig.servers import JIT_COMPILE
 from rig.verdict import SideKernel, decide
 
 SCRIPT = "<script>alert(1)</script>"
@@ -30,7 +33,7 @@ KERNELS = {
 REPORT_FILES = {
     "requests.csv",
     "summary.csv",
-    "deltas.csv",
+    "perf.csv",
     "mismatches.csv",
     "drift.csv",
     "summary.md",
@@ -83,7 +86,10 @@ def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
         pairs=pairs,
         drift=drift,
         prefix_cache=[PrefixCacheDelta("reference", 1, 0, 12.0, 0.0)],
-        faults=[LevelFault("candidate", 1, "traceback", "<b>Traceback</b> (most recent call)")],
+        faults=[
+            LevelFault("candidate", 1, "traceback", "<b>Traceback</b> (most recent call)"),
+            LevelFault("reference", 4, JIT_COMPILE, "triton compile during inference: k"),
+        ],
         kernels=KERNELS,
         verdict=verdict,
         timings={"wall_s": 1.5},
@@ -115,6 +121,25 @@ def test_csv_files_hold_one_row_per_thing(outcome, written):
     assert len(pd.read_csv(written["drift.csv"])) == 2
     summary = pd.read_csv(written["summary.csv"])
     assert sorted(summary["side"]) == ["candidate", "reference"]
+    assert {"mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput"} <= set(
+        summary.columns
+    )
+    perf = pd.read_csv(written["perf.csv"])
+    assert {"mean_ttft_ms_ratio", "mean_ttft_ms_change_pct", "mean_ttft_ms_word"} <= set(
+        perf.columns
+    )
+
+
+def test_one_vllm_style_result_per_side_and_level(outcome, written):
+    bench = outcome.run_dir / "bench"
+    names = sorted(p.name for p in bench.iterdir())
+    assert names == [
+        f"{side}-c{level}.json"
+        for side in ("candidate", "reference")
+        for level in sorted({r.level for r in outcome.records})
+    ]
+    result = json.loads((bench / names[0]).read_text(encoding="utf-8"))
+    assert result["completed"] == len(result["ttfts"]) - result["failed"]
 
 
 # --- HTML --------------------------------------------------------------------------------------
@@ -215,6 +240,22 @@ def test_summary_markdown_starts_with_the_verdict(outcome, written):
     assert first.endswith("FAIL")
 
 
+def test_summary_markdown_flags_levels_with_jit_compilation(written):
+    text = written["summary.md"].read_text(encoding="utf-8")
+    assert "**JIT compilation during timed requests:** C=4 repeat 0 (reference)" in text
+
+
+def test_summary_markdown_shows_the_aa_performance_floor(outcome):
+    reference = [r for r in outcome.records if r.side == "reference" and r.level == 1]
+    replay = [dataclasses.replace(r, side="reference-aa") for r in reference]
+    perf = perf_frame(outcome.records, replay, aa_concurrency=1)
+    text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
+    (line,) = [x for x in text.splitlines() if x.startswith("A/A performance floor")]
+    assert line.startswith("A/A performance floor at C=1: TTFT +0.0 % [")
+    assert line.count("within noise") == 2
+    assert line.endswith("tok/s +0.0 % single run")  # one A/A repeat: no throughput interval
+
+
 def test_summary_markdown_lists_gates_and_mismatches(outcome, written):
     text = written["summary.md"].read_text(encoding="utf-8")
     for gate in outcome.verdict.gates:
@@ -256,7 +297,7 @@ def test_summary_markdown_fits_a_pr_comment_whatever_the_run_size(
     monkeypatch.setattr(report, "SUMMARY_MD_LIMIT", limit)
     outcome = huge_run(make_record, tmp_path, levels, per_level)
     summary = summary_frame(outcome.records, outcome.pairs)
-    text = render_markdown(outcome, seeds_table(summary, delta_frame(summary)))
+    text = render_markdown(outcome, seeds_table(summary, perf_frame(outcome.records)))
     assert len(text) <= limit
     lines = text.splitlines()
     assert lines[0] == "## rig: unit (run-1)"

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from rig.metrics import delta_frame, summary_frame
+from rig.metrics import summary_frame
+from rig.perf import perf_frame
 from rig.report_format import missing, number
 from rig.report_html import delta_table, render_html
 from rig.report_mismatches import divergent_span, prompt_category
@@ -20,7 +21,7 @@ def synthetic(make_record, tmp_path_factory):
 def frames(synthetic):
     outcome, _ = synthetic
     summary = summary_frame(outcome.records, outcome.pairs)
-    return summary, delta_frame(summary)
+    return summary, perf_frame(outcome.records)
 
 
 @pytest.fixture(scope="module")
@@ -122,19 +123,23 @@ def test_prompt_category_prefers_the_recorded_one():
     assert prompt_category("q7", {"q7": "chat"}) == "chat"
 
 
-def test_per_level_deltas_show_the_interval_when_there_is_one(frames, page):
-    summary, deltas = frames
+def test_per_level_changes_show_their_interval_and_word(frames, page):
+    _, deltas = frames
     assert delta_table(deltas) in page
-    assert "spread ±" in delta_table(deltas)
-    with_ci = deltas.assign(ttft_mean_ms_ci_low_pct=-3.0, ttft_mean_ms_ci_high_pct=4.0)
-    assert "CI [-3.0, +4.0] % · " in delta_table(with_ci)
-    single = delta_table(delta_frame(summary[summary["repeat"] == 0]))
-    assert "<small>" not in single  # no interval, and no "single run" under every cell
+    with_ci = deltas.assign(
+        mean_ttft_ms_change_pct=1.0,
+        mean_ttft_ms_ci_low_pct=-3.0,
+        mean_ttft_ms_ci_high_pct=4.0,
+        mean_ttft_ms_word="within noise",
+    )
+    assert "+1.0 %<small>[-3.0, +4.0]</small><small>within noise</small>" in delta_table(with_ci)
+    assert 'class="num delta-within-noise"' in delta_table(with_ci)
+    assert "a positive latency change is slower" in page
 
 
 def test_a_run_without_aa_says_how_to_get_the_floor(make_record, tmp_path):
     outcome, _ = synthetic_outcome(make_record, tmp_path, with_aa=False)
-    page = render_html(outcome, summary_frame(outcome.records[:0]), delta_frame(summary_frame([])))
+    page = render_html(outcome, summary_frame(outcome.records[:0]), perf_frame([]))
     assert "No A/A control in this run" in page
     assert "No request finished." in page
 
@@ -151,7 +156,7 @@ def test_a_run_without_logprobs_says_there_are_no_margins(make_record, tmp_path)
     outcome.records = [dataclasses.replace(r, logprobs=None) for r in outcome.records]
     outcome.drift = []
     summary = summary_frame(outcome.records, outcome.pairs)
-    page = render_html(outcome, summary, delta_frame(summary))
+    page = render_html(outcome, summary, perf_frame(outcome.records))
     drift = page.split('<section id="drift">')[1].split("</section>")[0]
     assert 'alt="greedy margin distribution"' not in drift
     assert "No greedy margins: no timed request carries top-k logprobs." in drift

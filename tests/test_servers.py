@@ -10,6 +10,8 @@ import pytest
 
 from rig.scenario import Scenario
 from rig.servers import (
+    ADVISORY_LOG_KINDS,
+    JIT_COMPILE,
     Hardware,
     Server,
     ServerError,
@@ -151,6 +153,17 @@ def test_scan_log_finds_faults():
     kinds = [fault.kind for fault in scan_log("candidate", text)]
     assert kinds == ["cuda_error", "traceback"]
     assert scan_log("reference", "INFO all fine\n") == []
+
+
+def test_scan_log_flags_jit_compilation_during_inference():
+    # the warning vllm.utils.jit_monitor logs, as a server writes it
+    line = (
+        "(EngineCore pid=7) WARNING 11-30 23:01:02 [jit_monitor.py:137] triton compile during "
+        "inference: chunk_fwd_kernel (BT=64). This causes a latency spike; consider extending "
+        "warmup to cover this shape/config."
+    )
+    (fault,) = scan_log("candidate", f"INFO ok\n{line}\n")
+    assert fault.kind == JIT_COMPILE and JIT_COMPILE in ADVISORY_LOG_KINDS
 
 
 def test_root_cause_names_the_first_real_exception():

@@ -294,15 +294,26 @@ def test_aa_floor_gate_is_off_by_default():
     assert result.passed
 
 
-def test_performance_gate():
+def test_performance_gate_compares_the_interval_not_the_point():
+    """C=4's TTFT is 8% slower at the point but its interval reaches +3%: only a bound past
+    the allowed regression fails. Throughput is oriented the other way."""
     deltas = pd.DataFrame(
-        {"level": [1, 4], "ttft_mean_ms_delta_pct": [3.0, -6.0], "tpot_mean_ms_delta_pct": [1, 2]}
+        {
+            "level": [1, 4],
+            "mean_ttft_ms_change_pct": [1.0, 8.0],
+            "mean_ttft_ms_ci_low_pct": [-1.0, 3.0],
+            "mean_ttft_ms_ci_high_pct": [2.0, 13.0],
+            "output_throughput_change_pct": [0.0, -9.0],
+            "output_throughput_ci_low_pct": [-1.0, -12.0],
+            "output_throughput_ci_high_pct": [1.0, -6.0],
+        }
     )
     failing = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=5))
     assert not gate(failing, "performance").passed
-    assert "-6.00%" in gate(failing, "performance").detail
+    assert "output_throughput at C=4" in gate(failing, "performance").detail
+    assert "+6.00%" in gate(failing, "performance").detail
     passing = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=7))
-    assert gate(passing, "performance").passed
+    assert gate(passing, "performance").passed  # the point (+8%, -9%) alone would fail
     assert "performance" not in gate_names(verdict(identical(1), deltas=deltas))
 
 
@@ -384,3 +395,16 @@ def test_the_word_follows_the_kind_of_the_failed_gate_not_its_name():
     assert verdict_word([Gate("any name", False, "")], counts, None) == "NOT equivalent"
     slower = [Gate("performance", False, "", GateKind.PERFORMANCE)]
     assert verdict_word(slower, counts, None) == "identical"
+
+
+def test_performance_gate_reads_only_the_candidate_rows():
+    deltas = pd.DataFrame(
+        {
+            "comparison": ["candidate/reference", "A/A"],
+            "level": [4, 4],
+            "mean_ttft_ms_ci_low_pct": [-1.0, 40.0],
+            "mean_ttft_ms_ci_high_pct": [1.0, 60.0],
+        }
+    )
+    result = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=5))
+    assert gate(result, "performance").passed

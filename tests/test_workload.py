@@ -12,6 +12,7 @@ from rig.workload import (
     resolve_prompts,
     sampling_params,
     tokenize_body,
+    warmup_prompts,
 )
 from tests.test_salts import assert_vllm_salt
 
@@ -205,3 +206,18 @@ def test_tokenize_body_for_chat_applies_the_template_like_serving():
     kwargs = {"enable_thinking": False}
     body = tokenize_body(chat, workload(endpoint="chat", chat_template_kwargs=kwargs))
     assert body["chat_template_kwargs"] == kwargs
+
+
+# --- warm-up -------------------------------------------------------------------------------------
+
+
+def test_warmup_by_default_sends_the_shortest_and_the_longest_prompt():
+    prompts = [prompt("mid", ("user", "x" * 50)), prompt("s", ("user", "x")), *PROMPTS]
+    prompts.append(prompt("long", ("user", "x" * 900)))
+    assert [p.id for p in warmup_prompts(workload(), prompts)] == ["s", "long"]
+    assert [p.id for p in warmup_prompts(workload(), PROMPTS[:1])] == ["a"]  # one shape only
+
+
+@pytest.mark.parametrize(("count", "expected"), [(0, []), (3, ["a", "b", "a"])])
+def test_warmup_requests_overrides_the_default(count, expected):
+    assert [p.id for p in warmup_prompts(workload(warmup_requests=count), PROMPTS)] == expected

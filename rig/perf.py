@@ -1,0 +1,267 @@
+"""The performance verdict: per level and metric, the candidate/reference ratio with a bootstrap
+95% interval over requests and repeats, and a word for it (`faster`, `slower`, `within noise`).
+
+Metric names and definitions are `vllm bench serve`'s (mean TTFT over requests, TPOT =
+(E2EL - TTFT)/(tokens - 1) per request, ITL over every inter-token gap, throughputs over the
+level's wall time). The bootstrap is paired: it draws repeats, then request positions within each
+repeat, the same draws for both sides (request i is the same prompt on both). A throughput keeps
+its repeat's wall time, so its interval is the repeat-to-repeat variation (none with a single
+repeat: then its word is `single run`). The interval is the noise floor: a change whose
+interval includes 1 is `within noise`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from rig.records import RequestRecord
+
+RESAMPLES = 2000
+SEED = 20261130
+CONFIDENCE = 0.95
+# vllm bench serve's names, and True where lower is better (latency), False for throughput.
+PERF_METRICS = {
+    "mean_ttft_ms": True,
+    "median_ttft_ms": True,
+    "p99_ttft_ms": True,
+    "mean_tpot_ms": True,
+    "mean_itl_ms": True,
+    "mean_e2el_ms": True,
+    "request_throughput": False,
+    "output_throughput": False,
+    "total_token_throughput": False,
+}
+FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+SINGLE = "single run"  # a throughput's word with one repeat: no interval to judge
+
+
+@dataclass(frozen=True)
+class RepeatArrays:
+    """One repeat of one side at one level, by request index (the position in the level's
+    ordered requests, the same prompt on both sides); NaN where a request failed."""
+
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray  # also NaN where a request has fewer than two tokens
+    e2el_ms: np.ndarray
+    itl_sum_ms: np.ndarray
+    itl_count: np.ndarray
+    output_tokens: np.ndarray
+    prompt_tokens: np.ndarray
+    duration_s: float
+
+
+def repeat_arrays(records: list[RequestRecord], size: int) -> RepeatArrays | None:
+    ok = [r for r in records if r.error is None and r.ttft_s is not None and r.e2el_s is not None]
+    if not ok:
+        return None
+    arrays = {name: np.full(size, np.nan) for name in ("ttft", "e2el", "itl", "n_itl", "out", "in")}
+    for r in ok:
+        arrays["ttft"][r.index] = r.ttft_s * 1000
+        arrays["e2el"][r.index] = r.e2el_s * 1000
+        arrays["itl"][r.index] = sum(r.itl_s) * 1000
+        arrays["n_itl"][r.index] = len(r.itl_s)
+        arrays["out"][r.index] = r.output_tokens or 0
+        arrays["in"][r.index] = r.prompt_tokens or 0
+    out = arrays["out"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (arrays["e2el"] - arrays["ttft"]) / (out - 1), np.nan)
+    duration = max(r.sent_at + r.e2el_s for r in ok) - min(r.sent_at for r in records)
+    return RepeatArrays(
+        ttft_ms=arrays["ttft"],
+        tpot_ms=tpot,
+        e2el_ms=arrays["e2el"],
+        itl_sum_ms=arrays["itl"],
+        itl_count=arrays["n_itl"],
+        output_tokens=out,
+        prompt_tokens=arrays["in"],
+        duration_s=duration,
+    )
+
+
+def _nanmean(values: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.nansum(values, axis=1) / (~np.isnan(values)).sum(axis=1)
+
+
+def _metrics(a: RepeatArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """Every metric of one repeat, one value per row of idx (resamples x request indices)."""
+    ttft, tpot, e2el = a.ttft_ms[idx], a.tpot_ms[idx], a.e2el_ms[idx]
+    duration = a.duration_s if a.duration_s > 0 else np.nan
+    out, prompt = np.nansum(a.output_tokens[idx], axis=1), np.nansum(a.prompt_tokens[idx], axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        itl_mean = np.nansum(a.itl_sum_ms[idx], axis=1) / np.nansum(a.itl_count[idx], axis=1)
+    completed = (~np.isnan(ttft)).sum(axis=1)
+    return {
+        "mean_ttft_ms": _nanmean(ttft),
+        "median_ttft_ms": _nanpercentile(ttft, 50),
+        "p99_ttft_ms": _nanpercentile(ttft, 99),
+        "mean_tpot_ms": _nanmean(tpot),
+        "mean_itl_ms": itl_mean,
+        "mean_e2el_ms": _nanmean(e2el),
+        "request_throughput": completed / duration,
+        "output_throughput": out / duration,
+        "total_token_throughput": (out + prompt) / duration,
+    }
+
+
+def _nanpercentile(values: np.ndarray, q: float) -> np.ndarray:
+    """Per row, ignoring NaN; NaN sorts last, so each row's valid values come first."""
+    ordered = np.sort(values, axis=1)
+    valid = (~np.isnan(values)).sum(axis=1)
+    position = (np.maximum(valid, 1) - 1) * q / 100
+    low = np.floor(position).astype(int)
+    high = np.minimum(low + 1, np.maximum(valid - 1, 0))
+    rows = np.arange(values.shape[0])
+    below, above = ordered[rows, low], ordered[rows, high]
+    result = below + (above - below) * (position - low)
+    return np.where(valid > 0, result, np.nan)
+
+
+def paired_estimates(
+    pairs: list[tuple[RepeatArrays, RepeatArrays]],
+    rng: np.random.Generator,
+    resamples: int = RESAMPLES,
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Point ratios (mean over repeats of each side, candidate / reference) and their paired
+    bootstrap: the same repeats, and within each the same request positions (the same prompts),
+    are drawn for both sides, so the prompt mix cancels and what varies is how each side served
+    them."""
+    whole = [np.arange(ref.ttft_ms.size)[None, :] for ref, _ in pairs]
+    points = {}
+    for metric in PERF_METRICS:
+        ref = np.mean([_metrics(r, i)[metric][0] for (r, _), i in zip(pairs, whole, strict=True)])
+        cand = np.mean([_metrics(c, i)[metric][0] for (_, c), i in zip(pairs, whole, strict=True)])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            points[metric] = float(cand / ref)
+    draws = [
+        rng.integers(0, ref.ttft_ms.size, size=(resamples, ref.ttft_ms.size)) for ref, _ in pairs
+    ]
+    per_repeat = [
+        (_metrics(ref, idx), _metrics(cand, idx))
+        for (ref, cand), idx in zip(pairs, draws, strict=True)
+    ]
+    chosen = rng.integers(0, len(pairs), size=(resamples, len(pairs)))
+    rows = np.arange(resamples)[:, None]
+    ratios = {}
+    for metric in PERF_METRICS:
+        ref = np.stack([r[metric] for r, _ in per_repeat], axis=1)[rows, chosen].mean(axis=1)
+        cand = np.stack([c[metric] for _, c in per_repeat], axis=1)[rows, chosen].mean(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratios[metric] = cand / ref
+    return points, ratios
+
+
+def word(lower_is_better: bool, low: float, high: float) -> str:
+    """faster / slower / within noise from the ratio's interval (candidate / reference)."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "n/a"
+    if high < 1:
+        return FASTER if lower_is_better else SLOWER
+    if low > 1:
+        return SLOWER if lower_is_better else FASTER
+    return NOISE
+
+
+def compare_levels(
+    reference: Iterable[RequestRecord],
+    candidate: Iterable[RequestRecord],
+    comparison: str = "candidate/reference",  # or "A/A"
+    seed: int = SEED,
+) -> pd.DataFrame:
+    """One row per level both sides ran: per metric `<m>_ratio` (candidate / reference), its
+    interval `<m>_ci_low` / `<m>_ci_high`, the same as percent change (candidate - reference,
+    relative: `<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and `<m>_word`."""
+    levels = _paired_levels(list(reference), list(candidate))
+    rng = np.random.default_rng(seed)
+    alpha = (1 - CONFIDENCE) / 2 * 100
+    rows = []
+    for level, pairs in levels.items():
+        points, boot = paired_estimates(pairs, rng)
+        row: dict = {
+            "comparison": comparison,
+            "level": level,
+            "repeats": len(pairs),
+            "requests": int(sum(np.sum(~np.isnan(cand.ttft_ms)) for _, cand in pairs)),
+        }
+        for metric, lower_is_better in PERF_METRICS.items():
+            ratio, ratios = points[metric], boot[metric]
+            ratios = ratios[np.isfinite(ratios)]
+            low, high = (
+                np.percentile(ratios, [alpha, 100 - alpha]) if ratios.size else (np.nan, np.nan)
+            )
+            if not lower_is_better and len(pairs) < 2:
+                low = high = np.nan  # one repeat: a throughput has no run-to-run variation yet
+            row[f"{metric}_ratio"] = ratio
+            row[f"{metric}_ci_low"] = low
+            row[f"{metric}_ci_high"] = high
+            row[f"{metric}_change_pct"] = (ratio - 1) * 100
+            row[f"{metric}_ci_low_pct"] = (low - 1) * 100
+            row[f"{metric}_ci_high_pct"] = (high - 1) * 100
+            row[f"{metric}_word"] = (
+                word(lower_is_better, low, high) if np.isfinite(low) or lower_is_better else SINGLE
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _paired_levels(
+    reference: list[RequestRecord], candidate: list[RequestRecord]
+) -> dict[int, list[tuple[RepeatArrays, RepeatArrays]]]:
+    """Per level, the repeats both sides ran, as (reference, candidate) arrays of one size."""
+    groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
+    for side, records in (("reference", reference), ("candidate", candidate)):
+        for r in records:
+            if not r.warmup:
+                groups.setdefault((side, r.level, r.repeat), []).append(r)
+    levels: dict[int, list[tuple[RepeatArrays, RepeatArrays]]] = {}
+    for (side, level, repeat), ref_records in sorted(groups.items()):
+        cand_records = groups.get(("candidate", level, repeat))
+        if side != "reference" or cand_records is None:
+            continue
+        size = 1 + max(r.index for r in ref_records + cand_records)
+        ref, cand = repeat_arrays(ref_records, size), repeat_arrays(cand_records, size)
+        if ref is not None and cand is not None:
+            levels.setdefault(level, []).append((ref, cand))
+    return levels
+
+
+def worst_slowdown_pct(row: pd.Series, metric: str) -> float:
+    """The smallest slowdown, in percent, the interval allows (its bound nearest to no change,
+    oriented so that positive = slower): the performance gate fails only when this exceeds
+    the allowed regression, i.e. when the whole interval is worse than the bound."""
+    if PERF_METRICS[metric]:
+        return float(row[f"{metric}_ci_low_pct"])
+    return float(-row[f"{metric}_ci_high_pct"])
+
+
+CANDIDATE, AA = "candidate/reference", "A/A"
+
+
+def perf_frame(
+    records: Iterable[RequestRecord],
+    aa_records: Iterable[RequestRecord] = (),
+    aa_concurrency: int | None = None,
+) -> pd.DataFrame:
+    """The run's candidate-vs-reference comparison from its timed, finished requests, and, when
+    the A/A control ran at one of the levels' concurrencies, the A/A performance floor: the
+    reference server's replay of a level's requests against that level's first repeat (same
+    kernel, same concurrency: what identical kernels measure as a change)."""
+    finished = [r for r in records if not (r.error or "").startswith("cancelled")]
+    reference = [r for r in finished if r.side == "reference"]
+    frame = compare_levels(reference, [r for r in finished if r.side == "candidate"])
+    replay = [replace(r, level=aa_concurrency) for r in aa_records]
+    baseline = [r for r in reference if r.level == aa_concurrency and r.repeat == 0]
+    if replay and baseline:
+        floor = compare_levels(baseline, replay, comparison=AA)
+        frame = pd.concat([frame, floor], ignore_index=True) if not frame.empty else floor
+    return frame
+
+
+def candidate_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    if frame.empty or "comparison" not in frame.columns:
+        return frame
+    return frame[frame["comparison"] == CANDIDATE]
