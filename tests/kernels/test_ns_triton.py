@@ -8,6 +8,7 @@ from kernels.accuracy import gdn_error
 from kernels.cases import (
     CORRELATED_BOUNDS,
     GPU_SHAPE,
+    LONG_BOUNDS,
     RANDOM_BOUNDS,
     correlated_key_inputs,
     random_inputs,
@@ -32,6 +33,45 @@ def test_ns4_matches_recurrence_on_varlen_batches(num_seqs, state_dtype):
     ).to("cuda")
     error = gdn_error(candidate_runner("ns4", "cuda").run(inputs), gdn_recurrence(inputs))
     assert within_bounds(error, RANDOM_BOUNDS, judge_state=True), error
+
+
+@pytest.mark.parametrize("segment", [1, 3, 16, None])
+def test_segmented_walk_matches_recurrence(segment, monkeypatch):
+    """Segments that start inside, at and across sequences; slow decay so that the segment
+    maps P carry the state far."""
+    from kernels import ns_triton
+
+    monkeypatch.setattr(ns_triton, "SEGMENT_CHUNKS", segment)
+    lengths = [1000, 1, 300, 2000, 64]
+    inputs = random_inputs(
+        lengths, GPU_SHAPE, torch.float32, seed=21, log_decay_range=(1e-4, 1e-2)
+    ).to("cuda")
+    error = gdn_error(candidate_runner("ns4", "cuda").run(inputs), gdn_recurrence(inputs))
+    assert within_bounds(error, LONG_BOUNDS, judge_state=True), error
+
+
+def test_no_host_sync_with_chunk_metadata_and_an_empty_sequence():
+    from kernels.ns_triton import chunk_gated_delta_rule, prepare_chunk_indices
+
+    inputs = random_inputs([700, 0, 90], GPU_SHAPE, torch.bfloat16, seed=22).to("cuda")
+    chunk_indices = prepare_chunk_indices(inputs.cu_seqlens)
+    chunk_offsets = torch.tensor([0, 11, 11, 13], device="cuda", dtype=torch.int32)
+    v_first = inputs.initial_state.transpose(-1, -2).contiguous()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, final = chunk_gated_delta_rule(
+            inputs.q.unsqueeze(0), inputs.k.unsqueeze(0), inputs.v.unsqueeze(0),
+            inputs.g.unsqueeze(0), inputs.beta.unsqueeze(0), scale=inputs.scale,
+            initial_state=v_first, output_final_state=True, cu_seqlens=inputs.cu_seqlens,
+            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+            use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    error = gdn_error((out[0], final.transpose(-1, -2)), gdn_recurrence(inputs))
+    assert within_bounds(error, RANDOM_BOUNDS, judge_state=True), error
+    assert torch.equal(final[1], v_first[1].float())
 
 
 def test_correlated_keys_break_ns3_and_not_ns4():
