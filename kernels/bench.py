@@ -38,17 +38,15 @@ WORKLOADS = {
 # Module attributes of kernels/ns_triton.py tried for ns4; "default" leaves them as they are.
 VARIANTS = {
     "default": {},
-    "one-segment": {"SEGMENT_CHUNKS": 1 << 30},
-    "seg4": {"SEGMENT_CHUNKS": 4},
-    "seg8": {"SEGMENT_CHUNKS": 8},
-    "seg16": {"SEGMENT_CHUNKS": 16},
-    "seg32": {"SEGMENT_CHUNKS": 32},
-    "bv32": {"BLOCK_V": 32},
-    "bv128-8warps": {"BLOCK_V": 128, "WALK_NUM_WARPS": 8},
-    "walk-stages1": {"WALK_STAGES": 1},
-    "walk-stages3": {"WALK_STAGES": 3},
-    "wy-8warps": {"WY_NUM_WARPS": 8},
-    "out-8warps": {"OUTPUT_NUM_WARPS": 8},
+    "neumann-tf32x3": {"NEUMANN_PRECISION": "tf32x3"},
+    "wy-2warps": {"WY_NUM_WARPS": 2},
+    "walk-bv32": {"WALK_BLOCK_V": 32},
+    "walk-bv64": {"WALK_BLOCK_V": 64},
+    "walk-stages2": {"WALK_STAGES": 2},
+    "walk-stages4": {"WALK_STAGES": 4},
+    "walk-8warps": {"WALK_NUM_WARPS": 8},
+    "out-bv64": {"OUTPUT_BLOCK_V": 64},
+    "out-2warps": {"OUTPUT_NUM_WARPS": 2},
 }
 STAGES = ("run_wy", "run_state", "run_output")
 

@@ -1,6 +1,7 @@
-"""The Triton nsR on CPU through Triton's interpreter (small shapes, K=V=64): the segmented
-state walk against the float64 recurrence and the PyTorch nsR, and the ns3/ns4 control. The
-cases run in one child process: TRITON_INTERPRET must be set before the kernels are defined."""
+"""The Triton nsR on CPU through Triton's interpreter (small shapes, K=V=64 and 128): the
+three launches against the float64 recurrence and the PyTorch nsR, and the ns3/ns4 control.
+The cases run in one child process: TRITON_INTERPRET must be set before the kernels are
+defined."""
 
 import json
 import subprocess

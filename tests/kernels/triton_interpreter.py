@@ -55,15 +55,14 @@ def patch_bf16_dot() -> None:
     builder.create_dot = create_dot
 
 
-# (label, lengths or "correlated", NS rounds, chunks per segment, state columns per program)
+# (label, lengths or "correlated", NS rounds, head dim, walk columns per program)
 CASES = [
-    ("varlen-segments-of-2", [1, 63, 64, 65, 200], 4, 2, 64),
-    ("one-token", [1], 4, 1, 64),
-    ("long-segments-of-3", [700, 130, 5], 4, 3, 32),
-    ("long-one-segment", [700, 130, 5], 4, 64, 16),
-    ("empty-sequence", [130, 0, 70], 4, 2, 32),
-    ("correlated-ns4", "correlated", 4, 1, 64),
-    ("correlated-ns3", "correlated", 3, 1, 64),
+    ("varlen-k128", [1, 63, 64, 65, 200], 4, 128, 32),
+    ("one-token", [1], 4, 64, 64),
+    ("long-bv16", [700, 130, 5], 4, 64, 16),
+    ("empty-sequence", [130, 0, 70], 4, 64, 32),
+    ("correlated-ns4", "correlated", 4, 64, 64),
+    ("correlated-ns3", "correlated", 3, 64, 64),
 ]
 
 
@@ -85,11 +84,10 @@ def main() -> None:
     from kernels.recurrence import gdn_recurrence
     from kernels.runners import run_fla_contract
 
-    shape = Shape(heads=1, value_heads=2, head_dim=64)
     results = {}
-    for label, lengths, rounds, segment, block_v in CASES:
-        ns_triton.SEGMENT_CHUNKS = segment
-        ns_triton.BLOCK_V = block_v
+    for label, lengths, rounds, head_dim, block_v in CASES:
+        ns_triton.WALK_BLOCK_V = block_v
+        shape = Shape(heads=1, value_heads=2, head_dim=head_dim)
         if lengths == "correlated":
             inputs = correlated_key_inputs(shape)
         else:
