@@ -88,13 +88,14 @@ def test_triton_block_inverse_is_the_pytorch_one():
     import triton
     import triton.language as tl
 
-    from kernels.ns_triton import _unit_lower_inverse
+    from kernels.ns_triton import NEUMANN_PRECISION, _unit_lower_inverse
 
     @triton.jit
-    def invert(a_ptr, out_ptr, ROUNDS: tl.constexpr):
+    def invert(a_ptr, out_ptr, ROUNDS: tl.constexpr, PRECISION: tl.constexpr):
         r = tl.arange(0, 64)
         offsets = tl.program_id(0) * 64 * 64 + r[:, None] * 64 + r[None, :]
-        tl.store(out_ptr + offsets, _unit_lower_inverse(tl.load(a_ptr + offsets), ROUNDS))
+        inverse = _unit_lower_inverse(tl.load(a_ptr + offsets), ROUNDS, PRECISION)
+        tl.store(out_ptr + offsets, inverse)
 
     inputs = correlated_key_inputs(GPU_SHAPE)
     keys = inputs.k[:, 0].float()
@@ -103,7 +104,7 @@ def test_triton_block_inverse_is_the_pytorch_one():
     exact = torch.linalg.inv(torch.eye(64, dtype=torch.float64) + a.double().cpu())
     for rounds in (3, 4):
         out = torch.empty_like(a)
-        invert[(a.shape[0],)](a, out, ROUNDS=rounds)
+        invert[(a.shape[0],)](a, out, ROUNDS=rounds, PRECISION=NEUMANN_PRECISION)
         reference = unit_lower_inverse(a, rounds)
         scale = reference.abs().max()
         assert (out - reference).abs().max() <= 1e-2 * scale
