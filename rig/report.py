@@ -25,7 +25,7 @@ from rig.records import RequestRecord
 from rig.report_format import DASH, check, missing, number
 from rig.report_html import render_html
 from rig.report_mismatches import Decode, mismatch_order
-from rig.servers import JIT_COMPILE
+from rig.server_logs import JIT_COMPILE
 from rig.verdict import SideKernel, Verdict
 
 REPORT_FILES = (

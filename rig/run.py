@@ -30,6 +30,7 @@ from rig.drift import (
     forced_sequences,
     replay_forced,
 )
+from rig.hardware import Hardware
 from rig.load import run_level
 from rig.manifest import build_manifest
 from rig.perf import perf_frame
@@ -40,15 +41,9 @@ from rig.prompts import Prompt, PromptFileError
 from rig.records import RequestRecord, ServerTarget, SideJob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
-from rig.servers import (
-    ADVISORY_LOG_KINDS,
-    Hardware,
-    LaunchPlan,
-    Server,
-    ServerError,
-    ServerSet,
-    scan_log,
-)
+from rig.server_logs import ADVISORY_LOG_KINDS, scan_log
+from rig.server_plan import LaunchPlan
+from rig.servers import Server, ServerError, ServerSet
 from rig.verdict import Gate, SideKernel, Verdict, decide
 from rig.workload import (
     WorkloadError,

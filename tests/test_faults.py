@@ -29,8 +29,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rig.hardware import Hardware
 from rig.scenario import Scenario
-from rig.servers import Hardware, ServerError, ServerSet, plan_servers
+from rig.server_plan import plan_servers
+from rig.servers import ServerError, ServerSet
 from tests.rig_process import (
     LiveRig,
     RigRun,
