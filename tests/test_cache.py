@@ -3,9 +3,10 @@
 import json
 
 from rig.cache import golden_key
+from rig.hardware import Hardware
 from rig.prompts import ChatMessage, Prompt
 from rig.scenario import Scenario
-from rig.servers import Hardware, plan_servers
+from rig.server_plan import plan_servers
 
 
 def key_of(tmp_path, api_key: str | None) -> tuple[str, dict]:

@@ -2,10 +2,11 @@
 
 import pytest
 
+from rig.hardware import Hardware
 from rig.report import LevelFault
 from rig.run import FAULTS_FILE, Runner, _check_resumable, _cost_comparison, append_jsonl, is_aa_run
 from rig.scenario import Scenario, ScenarioError
-from rig.servers import Hardware, plan_servers
+from rig.server_plan import plan_servers
 
 
 def scenario(**overrides) -> Scenario:
