@@ -208,6 +208,14 @@ class GatesConfig(_Strict):
     max_mean_prompt_drift: float | None = Field(
         None, ge=0, description="mean |Δlogprob| over the forced prompt positions"
     )
+    calibration_drift: float | None = Field(
+        None, ge=0, description="mean drift of a known-correct kernel pair on this model"
+    )
+    max_drift_over_floor: float | None = Field(
+        None,
+        gt=0,
+        description="mean drift <= this x the floor, max(A/A mean drift, calibration_drift)",
+    )
     max_pathologies: int = Field(0, ge=0)
     max_prefix_cache_hits: int = Field(0, ge=0)
     max_perf_regression_pct: float | None = None
@@ -233,6 +241,18 @@ class Scenario(_Strict):
     def _model_shorthand(cls, value: Any) -> Any:
         """`model: Qwen/Qwen3.5-397B-A17B-FP8` (or --set model=...) means the name alone."""
         return _model_mapping(value)
+
+    @model_validator(mode="after")
+    def _drift_floor_measured(self) -> Scenario:
+        gates = self.gates
+        if gates.max_drift_over_floor is not None and not (
+            self.control.aa or gates.calibration_drift is not None
+        ):
+            raise ValueError(
+                "gates.max_drift_over_floor needs a floor: control.aa: true or "
+                "gates.calibration_drift"
+            )
+        return self
 
     @model_validator(mode="after")
     def _concurrency_admitted(self) -> Scenario:

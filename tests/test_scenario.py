@@ -384,3 +384,13 @@ def test_a_secret_flag_in_serve_args_is_refused(tmp_path):
     data = {**MINIMAL, "reference": {"serve_args": ["--api-key", "sk-secret"]}}
     message = error_of(write(tmp_path, data))
     assert "reference.serve_args" in message and "VLLM_API_KEY" in message
+
+
+def test_a_drift_floor_factor_needs_an_aa_control_or_a_calibration(tmp_path):
+    data = {**MINIMAL, "gates": {"max_drift_over_floor": 3}}
+    assert "gates.max_drift_over_floor needs a floor" in error_of(write(tmp_path, data))
+    for extra in (
+        {"control": {"aa": True}},
+        {"gates": {"max_drift_over_floor": 3, "calibration_drift": 0.01}},
+    ):
+        assert load_scenario(write(tmp_path, {**data, **extra})).gates.max_drift_over_floor == 3
