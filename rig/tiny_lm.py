@@ -73,7 +73,7 @@ class TinyLmRecipe(ModelShape):
     linear_head_dim: int = 64
     moe_intermediate_size: int = 64
     threads: int = 1  # one thread: deterministic, and robust on a shared two-core machine
-    steps: int = 250
+    steps: int = 450
     batch_size: int = 8
     sequence_length: int = 128
     learning_rate: float = 3e-3

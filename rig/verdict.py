@@ -218,6 +218,9 @@ def decide(
         if counts.drift_errors:
             detail += f"; {counts.drift_errors} replays failed"
         gates.append(Gate("teacher-forced drift", drift_ok, detail))
+    floor = drift_floor(aa_counts, g.calibration_drift)
+    if drift and floor is not None and g.max_drift_over_floor is not None:
+        gates.append(_drift_floor_gate(counts.drift_mean, floor, g.max_drift_over_floor))
     if aa_counts is not None and g.allow_near_ties_beyond_aa >= 0:
         floor = aa_counts.pairs - aa_counts.identical
         beyond = counts.near_tie - floor
@@ -261,6 +264,45 @@ def _performance_gate(deltas: pd.DataFrame, allowed_pct: float) -> Gate:
         f"worst: {metric} at C={level}, slowdown at the 95% CI's better bound "
         f"{slowdown:+.2f}% (fails above {allowed_pct}%)",
         GateKind.PERFORMANCE,
+    )
+
+
+@dataclass(frozen=True)
+class DriftFloor:
+    """The drift a correct kernel may show: the larger of what identical kernels measured under
+    other batch compositions (this run's A/A control) and what a known-correct other kernel
+    measured against the reference (gates.calibration_drift, from a calibration run)."""
+
+    aa: float | None
+    calibration: float | None
+
+    @property
+    def value(self) -> float:
+        return max(v for v in (self.aa, self.calibration) if v is not None)
+
+    def describe(self) -> str:
+        aa = "not measured" if self.aa is None else f"{self.aa:.4f}"
+        calibration = "not given" if self.calibration is None else f"{self.calibration:.4f}"
+        return f"floor {self.value:.4f} = max(A/A {aa}, calibration {calibration})"
+
+
+def drift_floor(aa_counts: Counts | None, calibration: float | None) -> DriftFloor | None:
+    """None when neither source is there; an A/A whose replays all failed does not count."""
+    aa = aa_counts.drift_mean if aa_counts is not None else None
+    if aa is not None and math.isnan(aa):
+        aa = None
+    if aa is None and calibration is None:
+        return None
+    return DriftFloor(aa, calibration)
+
+
+def _drift_floor_gate(drift_mean: float, floor: DriftFloor, factor: float) -> Gate:
+    passed = drift_mean <= factor * floor.value
+    ratio = drift_mean / floor.value if floor.value > 0 else math.inf
+    return Gate(
+        "drift within the floor",
+        passed,
+        f"mean drift {drift_mean:.4f} = {ratio:.2f}x the {floor.describe()} (allowed {factor:g}x)",
     )
 
 

@@ -6,6 +6,7 @@ of the run carries a salt of its own (no prefix-cache hit can hide the prefill p
 
 from __future__ import annotations
 
+from rig.prompt_sets import load_prompt_set
 from rig.prompts import Prompt, build_long_prompt, load_prompts
 from rig.records import RequestSpec, SamplingParams
 from rig.salts import cache_salt
@@ -21,6 +22,8 @@ def resolve_prompts(workload: WorkloadConfig) -> list[Prompt]:
     for source in workload.prompts:
         if source.path is not None:
             prompts += load_prompts(source.path, limit=source.limit)
+        elif source.prompt_set is not None:
+            prompts += load_prompt_set(source.prompt_set, limit=source.limit)
         else:
             prompts += [
                 build_long_prompt(tokens, seed=source.seed) for tokens in source.long_tokens

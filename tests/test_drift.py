@@ -159,6 +159,8 @@ class FakeVllm:
 
     def __init__(self) -> None:
         self.bodies: list[tuple[str, dict]] = []
+        self.answer_delay_s = 0.0
+        self.in_flight = self.most_in_flight = 0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -183,6 +185,10 @@ class FakeVllm:
         model = body["model"]
         if model not in ("reference-model", "candidate-model"):
             return vllm_error(500, "engine died")
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(self.answer_delay_s)
+        self.in_flight -= 1
         tokens = body["prompt"]
         prompt_logprobs: list[dict | None] = [None]
         for token in tokens[1:]:
@@ -292,6 +298,17 @@ def test_replay_forced_on_both_sides(fake_vllm):
         assert result.max_abs == pytest.approx(CANDIDATE_SHIFT)
         assert result.mean_abs == pytest.approx(CANDIDATE_SHIFT)
         assert result.prompt_mean_abs == pytest.approx(CANDIDATE_SHIFT)
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_replay_keeps_concurrency_sequences_in_flight_and_their_order(fake_vllm, concurrency):
+    server, url = fake_vllm
+    server.answer_delay_s = 0.05
+    sequences = [ForcedSequence(f"p{i}", (40 + i, 41), (42,)) for i in range(6)]
+    replayed = replay_forced(sequences, targets(url)[:1], "run.aa-drift", concurrency)
+    assert server.most_in_flight == concurrency
+    expected = [expected_vector("reference-model", (40 + i, 41, 42)) for i in range(6)]
+    assert [list(r.logprobs) for r in replayed["reference"]] == expected
 
 
 def test_replay_salts_stay_valid_for_long_run_ids(fake_vllm):

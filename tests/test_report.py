@@ -322,6 +322,7 @@ def test_manifest_is_json_with_the_verdict(outcome, written):
         g.name for g in outcome.verdict.gates
     ]
     assert manifest["verdict"]["counts"]["pairs"] == 5
+    assert manifest["verdict"]["aa_counts"] is None  # no A/A control in this run
     assert manifest["kernels"]["candidate"]["kernel"] == "ns4"
     assert manifest["timings"] == {"wall_s": 1.5}
 

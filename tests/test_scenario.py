@@ -166,19 +166,32 @@ def test_blank_kernel_name_is_rejected(tmp_path):
 
 @pytest.mark.parametrize(
     "source",
-    [{}, {"path": "p.jsonl", "long_tokens": [10]}, {"long_tokens": []}],
-    ids=["neither", "both", "empty-long-list"],
+    [
+        {},
+        {"path": "p.jsonl", "long_tokens": [10]},
+        {"path": "p.jsonl", "prompt_set": "mt-bench"},
+        {"long_tokens": []},
+    ],
+    ids=["neither", "path-and-long", "path-and-set", "empty-long-list"],
 )
 def test_prompt_source_needs_exactly_one_kind(tmp_path, source):
     data = {"workload": {"prompts": [source], "concurrency": [1]}}
     message = error_of(write(tmp_path, data))
     assert "key 'workload.prompts.0'" in message
-    assert "exactly one of 'path' or 'long_tokens'" in message
+    assert "exactly one of 'path', 'prompt_set' or 'long_tokens'" in message
 
 
 def test_prompt_source_model_accepts_each_kind_alone():
     assert PromptSource(path=Path("x.jsonl")).long_tokens == []
     assert PromptSource(long_tokens=[5]).path is None
+    assert PromptSource(prompt_set="mt-bench", limit=50).path is None
+
+
+def test_unknown_prompt_set_is_rejected_naming_the_known_ones(tmp_path):
+    data = {"workload": {"prompts": [{"prompt_set": "mmlu"}], "concurrency": [1]}}
+    message = error_of(write(tmp_path, data))
+    assert "key 'workload.prompts.0.prompt_set'" in message
+    assert "unknown prompt set 'mmlu'" in message and "mt-bench" in message
 
 
 def test_non_positive_long_prompt_length_is_rejected(tmp_path):
@@ -371,3 +384,13 @@ def test_a_secret_flag_in_serve_args_is_refused(tmp_path):
     data = {**MINIMAL, "reference": {"serve_args": ["--api-key", "sk-secret"]}}
     message = error_of(write(tmp_path, data))
     assert "reference.serve_args" in message and "VLLM_API_KEY" in message
+
+
+def test_a_drift_floor_factor_needs_an_aa_control_or_a_calibration(tmp_path):
+    data = {**MINIMAL, "gates": {"max_drift_over_floor": 3}}
+    assert "gates.max_drift_over_floor needs a floor" in error_of(write(tmp_path, data))
+    for extra in (
+        {"control": {"aa": True}},
+        {"gates": {"max_drift_over_floor": 3, "calibration_drift": 0.01}},
+    ):
+        assert load_scenario(write(tmp_path, {**data, **extra})).gates.max_drift_over_floor == 3

@@ -294,6 +294,47 @@ def test_aa_floor_gate_is_off_by_default():
     assert result.passed
 
 
+FLOOR_GATE = "drift within the floor"
+
+
+@pytest.mark.parametrize(
+    ("aa_mean", "calibration", "floor", "names"),
+    [
+        (0.011, 0.0139, 0.0139, "A/A 0.0110, calibration 0.0139"),
+        (0.02, 0.0139, 0.02, "A/A 0.0200, calibration 0.0139"),
+        (0.0, 0.0139, 0.0139, "A/A 0.0000, calibration 0.0139"),
+        (None, 0.0139, 0.0139, "A/A not measured, calibration 0.0139"),
+        (0.011, None, 0.011, "A/A 0.0110, calibration not given"),
+    ],
+)
+def test_the_drift_floor_is_the_larger_of_aa_and_calibration(aa_mean, calibration, floor, names):
+    gates = GatesConfig(calibration_drift=calibration, max_drift_over_floor=2.0)
+    aa = {} if aa_mean is None else {"aa_pairs": aa_pairs(4, 0), "aa_drift": [drift(aa_mean)]}
+    inside = verdict(identical(4), [drift(floor * 1.9)], gates=gates, **aa)
+    assert gate(inside, FLOOR_GATE).passed and inside.passed
+    assert f"floor {floor:.4f} = max({names})" in gate(inside, FLOOR_GATE).detail
+    assert "= 1.90x the floor" in gate(inside, FLOOR_GATE).detail
+    beyond = verdict(identical(4), [drift(floor * 2.1)], gates=gates, **aa)
+    assert not gate(beyond, FLOOR_GATE).passed
+    assert beyond.word == "NOT equivalent"
+
+
+def test_a_zero_floor_admits_only_zero_drift():
+    gates = GatesConfig(max_drift_over_floor=3.0)
+    aa = {"aa_pairs": aa_pairs(4, 0), "aa_drift": [drift(0.0)]}
+    assert gate(verdict(identical(4), [drift(0.0)], gates=gates, **aa), FLOOR_GATE).passed
+    failed = gate(verdict(identical(4), [drift(1e-4)], gates=gates, **aa), FLOOR_GATE)
+    assert not failed.passed and "infx" in failed.detail
+
+
+def test_no_floor_gate_without_its_factor_or_without_a_floor():
+    aa = {"aa_pairs": aa_pairs(4, 0), "aa_drift": [drift(0.01)]}
+    unset = verdict(identical(4), [drift(0.5)], gates=GatesConfig(calibration_drift=0.01), **aa)
+    assert FLOOR_GATE not in gate_names(unset)
+    no_floor = verdict(identical(4), [drift(0.5)], gates=GatesConfig(max_drift_over_floor=2.0))
+    assert FLOOR_GATE not in gate_names(no_floor)
+
+
 def test_performance_gate_compares_the_interval_not_the_point():
     """C=4's TTFT is 8% slower at the point but its interval reaches +3%: only a bound past
     the allowed regression fails. Throughput is oriented the other way."""

