@@ -43,13 +43,15 @@ REPORT_FILES = (
 
 @dataclass(frozen=True)
 class PrefixCacheDelta:
-    """Prefix-cache queries and hits one side's server counted during one level."""
+    """Prefix-cache queries and hits one side's server counted during one level, and the GDN
+    prefill calls it made (None without the rig plugin's evidence on /metrics)."""
 
     side: str
     level: int
     repeat: int
     queries: float
     hits: float
+    gdn_prefill_calls: int | None = None
 
 
 @dataclass(frozen=True)
