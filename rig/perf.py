@@ -8,6 +8,12 @@ repeat, the same draws for both sides (request i is the same prompt on both). A 
 its repeat's wall time, so its interval is the repeat-to-repeat variation (none with a single
 repeat: then its word is `single run`). The interval is the noise floor: a change whose
 interval includes 1 is `within noise`.
+
+A candidate slowed on purpose (`ref+delay-<N>ms`: N ms after every GDN prefill call) gets the
+change it planted next to what was measured: at C=1 the requests run one at a time and every
+GDN prefill call belongs to one request's prefill, before its first token, so each request's
+TTFT and E2EL grow by N ms x its calls; the calls are counted on the candidate's /metrics around
+each level, the reference's mean TTFT/E2EL is measured in the same run.
 """
 
 from __future__ import annotations
@@ -245,20 +251,90 @@ def perf_frame(
     records: Iterable[RequestRecord],
     aa_records: Iterable[RequestRecord] = (),
     aa_concurrency: int | None = None,
+    planted: PlantedDelay | None = None,
 ) -> pd.DataFrame:
     """The run's candidate-vs-reference comparison from its timed, finished requests, and, when
     the A/A control ran at one of the levels' concurrencies, the A/A performance floor: the
     reference server's replay of a level's requests against that level's first repeat (same
-    kernel, same concurrency: what identical kernels measure as a change)."""
+    kernel, same concurrency: what identical kernels measure as a change). With a planted
+    delay, what it planted (add_planted)."""
+    records = list(records)
     finished = [r for r in records if not (r.error or "").startswith("cancelled")]
     reference = [r for r in finished if r.side == "reference"]
     frame = compare_levels(reference, [r for r in finished if r.side == "candidate"])
+    if planted is not None and not frame.empty:
+        frame = add_planted(frame, records, planted)
     replay = [replace(r, level=aa_concurrency) for r in aa_records]
     baseline = [r for r in reference if r.level == aa_concurrency and r.repeat == 0]
     if replay and baseline:
         floor = compare_levels(baseline, replay, comparison=AA)
         frame = pd.concat([frame, floor], ignore_index=True) if not frame.empty else floor
     return frame
+
+
+PLANTED_METRICS = ("mean_ttft_ms", "mean_e2el_ms")  # grow by the same time per request
+
+
+@dataclass(frozen=True)
+class PlantedDelay:
+    """The candidate's planted delay and the GDN prefill calls its servers made in each
+    (level, repeat), from their /metrics before and after the level."""
+
+    kernel: str
+    delay_ms: float
+    calls: dict[tuple[int, int], int]
+
+
+def add_planted(
+    frame: pd.DataFrame, records: Iterable[RequestRecord], planted: PlantedDelay
+) -> pd.DataFrame:
+    """Candidate rows at C=1 get what the delay planted: `planted_delay_ms` per call,
+    `planted_calls_per_request`, `planted_ms_per_request` (delay x calls / requests), and per
+    metric of PLANTED_METRICS `<m>_planted_pct` (that time over the reference's mean, in
+    percent) and `<m>_planted_inside_ci` (whether the interval holds it). Other levels batch
+    several requests' prefills into one call: nothing is claimed there."""
+    timed = [r for r in records if not r.warmup and not (r.error or "").startswith("cancelled")]
+    frame = frame.copy()
+    for index, row in frame.iterrows():
+        if row["comparison"] != CANDIDATE or row["level"] != 1:
+            continue
+        level = int(row["level"])
+        repeats = sorted(rep for (lvl, rep) in planted.calls if lvl == level)
+        requests = sum(
+            1 for r in timed if r.side == "candidate" and r.level == level and r.repeat in repeats
+        )
+        if not requests:
+            continue
+        calls = sum(planted.calls[(level, rep)] for rep in repeats)
+        added_ms = planted.delay_ms * calls / requests
+        frame.loc[index, "planted_delay_ms"] = planted.delay_ms
+        frame.loc[index, "planted_ms_per_request"] = added_ms
+        frame.loc[index, "planted_calls_per_request"] = calls / requests
+        for metric in PLANTED_METRICS:
+            reference = _reference_mean(timed, level, repeats, metric)
+            pct = 100 * added_ms / reference
+            low, high = row[f"{metric}_ci_low_pct"], row[f"{metric}_ci_high_pct"]
+            frame.loc[index, f"{metric}_planted_pct"] = pct
+            frame.loc[index, f"{metric}_planted_inside_ci"] = bool(low <= pct <= high)
+    return frame
+
+
+def _reference_mean(
+    records: list[RequestRecord], level: int, repeats: list[int], metric: str
+) -> float:
+    """The reference's metric at a level, the mean over repeats of each repeat's mean (as the
+    ratio's point estimate takes it)."""
+    field = {"mean_ttft_ms": "ttft_s", "mean_e2el_ms": "e2el_s"}[metric]
+    means = []
+    for repeat in repeats:
+        values = [
+            getattr(r, field)
+            for r in records
+            if r.side == "reference" and (r.level, r.repeat) == (level, repeat) and r.error is None
+        ]
+        if values:
+            means.append(1000 * float(np.mean(values)))
+    return float(np.mean(means)) if means else float("nan")
 
 
 def candidate_rows(frame: pd.DataFrame) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kernels.proof import KernelProof, fetch_kernel_proof, read_kernel_proof
+from kernels.registry import planted_delay_ms
 from rig.cache import GoldenCache, GoldenEntry, golden_key
 from rig.compare import compare_pairs
 from rig.drift import (
@@ -32,7 +33,7 @@ from rig.drift import (
 )
 from rig.load import run_level
 from rig.manifest import build_manifest
-from rig.perf import perf_frame
+from rig.perf import PlantedDelay, perf_frame
 from rig.placement import shard
 from rig.prefix_cache import PrefixCacheCounters, read_prefix_cache_counters
 from rig.preflight import PreflightError, preflight, render_plan
@@ -566,7 +567,9 @@ class Runner:
             aa_drift = self._drift(AA_SIDE)
         hits = sum(p.hits for p in state.prefix_cache)
         kernels = self.side_kernels
-        perf = perf_frame(state.records, state.aa_records, self.aa_concurrency)
+        perf = perf_frame(
+            state.records, state.aa_records, self.aa_concurrency, self.planted_delay()
+        )
         verdict = decide(
             scenario.gates,
             pairs,
@@ -607,6 +610,22 @@ class Runner:
             error=error,
             prompt_categories={p.id: p.category for p in self.prompts if p.category},
         )
+
+    def planted_delay(self) -> PlantedDelay | None:
+        """The candidate's planted delay (`ref+delay-<N>ms`) and its servers' GDN prefill calls
+        per level; None for any other candidate or when a server published no count."""
+        kernel = self.scenario.candidate.kernel
+        delay_ms = planted_delay_ms(kernel)
+        calls: dict[tuple[int, int], int] = {}
+        for delta in self.state.prefix_cache:
+            plan = self.plan.servers.get(delta.side)
+            if plan is None or plan.side != "candidate":
+                continue
+            if delta.gdn_prefill_calls is None:
+                return None
+            key = (delta.level, delta.repeat)
+            calls[key] = calls.get(key, 0) + delta.gdn_prefill_calls
+        return PlantedDelay(kernel, delay_ms, calls) if delay_ms and calls else None
 
     def _drift(self, side: str) -> list[DriftResult]:
         forced = self.state.forced

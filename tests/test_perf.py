@@ -1,5 +1,6 @@
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,7 @@ from rig.perf import (
     FASTER,
     NOISE,
     PERF_METRICS,
+    PlantedDelay,
     SINGLE,
     SLOWER,
     candidate_rows,
@@ -178,3 +180,33 @@ def test_the_bootstrap_is_paired_so_the_prompt_mix_cancels(level):
     assert row["mean_ttft_ms_word"] == SLOWER
     assert row["output_throughput_word"] == SINGLE  # one repeat: no run-to-run variation
     assert math.isnan(row["output_throughput_ci_low_pct"])
+
+
+def test_a_planted_delay_is_sized_from_the_calls_counted_and_the_reference_measured(level):
+    """2 GDN prefill calls per request x 20 ms on a 100 ms TTFT: +40 % planted; the candidate
+    measured 40 ms slower is `slower` with an interval that holds the planted change. The C=4
+    level batches prefills, so nothing is claimed there."""
+    reference = two_repeats(level, "reference", 100, 0.100, 1)
+    candidate = [
+        replace(r, ttft_s=r.ttft_s + 0.040, e2el_s=r.e2el_s + 0.040)
+        for r in two_repeats(level, "candidate", 100, 0.100, 1)
+    ]
+    batched = level("reference", [0.1] * 10, level=4) + level("candidate", [0.1] * 10, level=4)
+    calls = {(1, 0): 200, (1, 1): 200, (4, 0): 6}
+    planted = PlantedDelay("ref+delay-20ms", 20.0, calls)
+    frame = perf_frame(reference + candidate + batched, planted=planted).set_index("level")
+    row = frame.loc[1]
+    assert (row["planted_calls_per_request"], row["planted_ms_per_request"]) == (2.0, 40.0)
+    assert row["mean_ttft_ms_planted_pct"] == pytest.approx(40.0, rel=0.01)
+    assert row["mean_ttft_ms_word"] == SLOWER and row["mean_ttft_ms_planted_inside_ci"]
+    e2el = 100 + 9 * 10  # ms: TTFT and nine 10-ms gaps
+    assert row["mean_e2el_ms_planted_pct"] == pytest.approx(100 * 40 / e2el, rel=0.01)
+    assert math.isnan(frame.loc[4, "planted_ms_per_request"])
+
+
+def test_a_planted_change_outside_the_interval_is_said_to_be_outside(level):
+    reference = two_repeats(level, "reference", 100, 0.100, 1)
+    candidate = two_repeats(level, "candidate", 100, 0.100, 1)  # the delay never happened
+    planted = PlantedDelay("ref+delay-20ms", 20.0, {(1, 0): 200, (1, 1): 200})
+    (row,) = perf_frame(reference + candidate, planted=planted).to_dict("records")
+    assert row["mean_ttft_ms_word"] == NOISE and not row["mean_ttft_ms_planted_inside_ci"]
