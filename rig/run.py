@@ -251,9 +251,9 @@ class Runner:
         }
 
     def run_phases(self) -> None:
-        """Start each round's servers, run its levels, stop them. A phase's drift replay, A/A
-        control and kernel proof belong to its first round with levels to run (its last round
-        when every level is kept from an interrupted run)."""
+        """Start each round's servers, run its levels, read their kernel proof, stop them. A
+        phase's drift replay and A/A control run in its first round with levels to run (its
+        last round when every level is kept from an interrupted run)."""
         workload = self.scenario.workload
         rounds = phase_rounds(self.plan.phases, workload.repeats)
         extras_due = set(self.plan.phases)
