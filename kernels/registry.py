@@ -119,10 +119,13 @@ def resolve_kernel(name: str) -> KernelSpec:
 
 
 def planted_delay_ms(name: str | None) -> float:
-    """The delay a candidate called `name` adds to each prefill call; 0 for any other name."""
+    """N for a candidate `ref+delay-<N>ms`, vLLM's own kernel slowed by N ms per prefill call:
+    its only difference from the reference. 0 for any other name (an `ns<R>+delay-<N>ms`
+    differs from the reference by its kernel too, so its slowdown is not known in advance)."""
     if not name:
         return 0.0
     try:
-        return resolve_kernel(name).delay_ms
+        spec = resolve_kernel(name)
     except UnknownKernelError:
         return 0.0
+    return spec.delay_ms if spec.ns_rounds is None else 0.0

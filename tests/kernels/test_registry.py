@@ -28,7 +28,11 @@ def test_ns_names_resolve_to_their_round_count(rounds):
 def test_planted_delays_resolve_to_their_base_and_delay(name, rounds, delay_ms):
     spec = resolve_kernel(name)
     assert (spec.ns_rounds, spec.delay_ms) == (rounds, delay_ms)
-    assert planted_delay_ms(name) == delay_ms
+
+
+def test_only_a_delay_on_vllms_own_kernel_plants_a_known_slowdown():
+    assert planted_delay_ms("ref+delay-40ms") == 40.0
+    assert planted_delay_ms("ns4+delay-40ms") == 0.0  # ns4 itself differs from the reference
 
 
 def test_planted_delay_runs_the_base_op_and_then_sleeps():
