@@ -20,7 +20,8 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv browser e2e test test-gpu tiny-model tiny-lm kernel-check kernel-bench bench-client lint format clean
+.PHONY: venv browser e2e test test-gpu tiny-model tiny-lm kernel-check kernel-bench bench-client \
+	perf-control lint format clean
 
 venv: $(VENV)/.installed
 
@@ -65,6 +66,10 @@ kernel-bench: venv
 
 bench-client: venv
 	$(PY) benchmarks/bench_client.py $(ARGS)
+
+# A/A, a planted slowdown and ns4 against the reference, with intervals (benchmarks/perf_control.py)
+perf-control: venv
+	$(PY) benchmarks/perf_control.py $(ARGS)
 
 lint: venv
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -145,6 +145,23 @@ class KernelProof:
             )
         return f"{text}; vLLM: {self.vllm_backend_line}" if self.vllm_backend_line else text
 
+    def combined_with(self, later: "KernelProof") -> "KernelProof":
+        """The evidence of this server and of a later start of it (restarted between
+        repeats): the kernels and processes of both, their prefill calls added up."""
+        return KernelProof(
+            marker_kernels=_unique([*self.marker_kernels, *later.marker_kernels]),
+            executed_kernels=_unique([*self.executed_kernels, *later.executed_kernels]),
+            source_sha256=_unique([*self.source_sha256, *later.source_sha256]),
+            prefill_calls=self.prefill_calls + later.prefill_calls,
+            pids=_unique([*self.pids, *later.pids]),
+            vllm_backend_line=self.vllm_backend_line or later.vllm_backend_line,
+            vllm_backends=_unique([*self.vllm_backends, *later.vllm_backends]),
+            requested_backends=_unique([*self.requested_backends, *later.requested_backends]),
+            platforms=_unique([*self.platforms, *later.platforms]),
+            loaded_pids=_unique([*self.loaded_pids, *later.loaded_pids]),
+            origin=self.origin if self.origin == later.origin else f"{self.origin}+{later.origin}",
+        )
+
     def reference_backend_problem(self, requested_backend: str) -> str | None:
         """Why this proof does not show vLLM's own `requested_backend` serving GDN prefill
         (vllm-cpu-native on the CPU build, which ignores the request); None when it does."""

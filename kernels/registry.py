@@ -1,9 +1,12 @@
 """Candidate GDN prefill kernels by name: `ns<R>`, the chunked GDN with R BF16 Newton-Schulz
-rounds for the 16x16 block inverses (ns3 reproduces the seeds' failure, ns4 is the fix)."""
+rounds for the 16x16 block inverses (ns3 reproduces the seeds' failure, ns4 is the fix), and
+the performance control `<base>+delay-<N>ms`: the base kernel (`ref` = vLLM's own, or an
+`ns<R>`) with N milliseconds of sleep added to every prefill call, a slowdown of known size."""
 
 import functools
 import hashlib
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +16,13 @@ from kernels.ns_torch import NsCpuOp
 KERNEL_DIR = Path(__file__).resolve().parent
 NS_ROUNDS_RANGE = range(1, 9)
 REGISTERED = ("ns3", "ns4")
+REFERENCE_BASE = "ref"  # a planted delay on top of vLLM's own kernel
 CPU_SOURCES = ("ns_torch.py", "gdn_inputs.py")
 CUDA_SOURCES = ("ns_triton.py",)
+PLANTED_SOURCES = ("registry.py",)  # where the delay is added
+_NAME = re.compile(
+    r"(?:ns(?P<rounds>[1-9][0-9]*)|(?P<ref>ref))(?:\+delay-(?P<delay>\d+(?:\.\d+)?)ms)?"
+)
 
 
 class UnknownKernelError(ValueError):
@@ -24,20 +32,47 @@ class UnknownKernelError(ValueError):
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
-    ns_rounds: int
+    ns_rounds: int | None  # None: vLLM's own kernel runs (only with a planted delay)
+    delay_ms: float = 0.0  # slept after every prefill call
 
-    def cpu_op(self) -> NsCpuOp:
-        """Replacement for `vllm._custom_ops.chunk_gated_delta_rule_cpu`."""
-        return NsCpuOp(self.ns_rounds)
+    @property
+    def delay_s(self) -> float:
+        return self.delay_ms / 1000
+
+    def cpu_op(self, reference: Callable | None = None) -> Callable:
+        """Replacement for `vllm._custom_ops.chunk_gated_delta_rule_cpu`; `reference` is that
+        op, which a planted delay on vLLM's own kernel wraps."""
+        op = NsCpuOp(self.ns_rounds) if self.ns_rounds is not None else reference
+        if op is None:
+            raise ValueError(f"{self.name} runs vLLM's own kernel: pass it as `reference`")
+        return self.delayed(op)
 
     def fla_contract_function(self) -> Callable:
         """Replacement for FLA's `chunk_gated_delta_rule` as vLLM's CUDA path calls it: Triton
         for CUDA tensors, the PyTorch implementation for any other device."""
-        return functools.partial(_fla_contract, ns_rounds=self.ns_rounds)
+        if self.ns_rounds is None:
+            raise ValueError(f"{self.name} runs vLLM's own kernel, not an FLA-contract function")
+        return self.delayed(functools.partial(_fla_contract, ns_rounds=self.ns_rounds))
+
+    def delayed(self, op: Callable) -> Callable:
+        """`op` itself without a planted delay, else `op` followed by the delay."""
+        if not self.delay_ms:
+            return op
+
+        @functools.wraps(op)
+        def slowed(*args, **kwargs):
+            result = op(*args, **kwargs)
+            time.sleep(self.delay_s)
+            return result
+
+        return slowed
 
     def source_sha256(self, platform: str) -> str:
         """sha256 over the source files that run on `platform` ("cpu" or "cuda")."""
-        return sha256_of_files([KERNEL_DIR / f for f in _sources(platform)])
+        sources = _sources(platform) if self.ns_rounds is not None else ()
+        if self.delay_ms:
+            sources += PLANTED_SOURCES
+        return sha256_of_files([KERNEL_DIR / f for f in sources])
 
 
 def _sources(platform: str) -> tuple[str, ...]:
@@ -65,11 +100,32 @@ def known_kernel_names() -> list[str]:
 
 def resolve_kernel(name: str) -> KernelSpec:
     """The candidate called `name`; UnknownKernelError naming the known ones otherwise."""
-    match = re.fullmatch(r"ns([1-9][0-9]*)", name.strip())
-    if match is None or int(match.group(1)) not in NS_ROUNDS_RANGE:
+    match = _NAME.fullmatch(name.strip())
+    rounds = match and match.group("rounds")
+    delay = float(match.group("delay")) if match and match.group("delay") else 0.0
+    if (
+        match is None
+        or (rounds is not None and int(rounds) not in NS_ROUNDS_RANGE)
+        or (match.group("ref") and not delay)
+    ):
         raise UnknownKernelError(
             f"unknown GDN kernel {name!r}; known kernels: {', '.join(known_kernel_names())} "
             f"(ns<R> = R BF16 Newton-Schulz rounds; {' and '.join(REGISTERED)} are the "
-            "failing and fixed controls)"
+            "failing and fixed controls), and the performance control <base>+delay-<N>ms "
+            f"(base {REFERENCE_BASE} = vLLM's own kernel, or ns<R>; N ms slept after every "
+            "prefill call)"
         )
-    return KernelSpec(name=name.strip(), ns_rounds=int(match.group(1)))
+    return KernelSpec(name=name.strip(), ns_rounds=int(rounds) if rounds else None, delay_ms=delay)
+
+
+def planted_delay_ms(name: str | None) -> float:
+    """N for a candidate `ref+delay-<N>ms`, vLLM's own kernel slowed by N ms per prefill call:
+    its only difference from the reference. 0 for any other name (an `ns<R>+delay-<N>ms`
+    differs from the reference by its kernel too, so its slowdown is not known in advance)."""
+    if not name:
+        return 0.0
+    try:
+        spec = resolve_kernel(name)
+    except UnknownKernelError:
+        return 0.0
+    return spec.delay_ms if spec.ns_rounds is None else 0.0

@@ -5,7 +5,9 @@ Entry point `vllm.general_plugins: rig_gdn_kernels = kernels.vllm_plugin:registe
 the engine core and every worker, possibly more than once.
 
   RIG_GDN_KERNEL=ns4      run candidate ns4 (kernels/registry.py); unset = vLLM's own kernel.
-                          An unknown name fails the server at start, naming the known kernels.
+                          `ref+delay-20ms`: vLLM's own kernel and 20 ms of sleep per prefill
+                          call (the performance control); an unknown name fails the server at
+                          start, naming the known kernels.
   RIG_GDN_STATS_DIR=dir   every process the plugin loads in keeps dir/gdn-calls-<pid>.json.
                           Unset: the first process makes a private temporary folder and sets
                           it, so the engine core and workers vLLM starts later inherit it.
@@ -256,7 +258,7 @@ def install_cpu(spec: KernelSpec | None) -> PrefillCounter:
     if spec is None:
         kernel, sha, op = CPU_REFERENCE, _file_sha256(current), current
     else:
-        kernel, sha, op = spec.name, spec.source_sha256("cpu"), spec.cpu_op()
+        kernel, sha, op = spec.name, spec.source_sha256("cpu"), spec.cpu_op(current)
     counter = _new_counter(kernel, sha, "cpu")
     _custom_ops.chunk_gated_delta_rule_cpu = counted_cpu_op(
         op, counter, capture_writer_from_env(kernel)
@@ -312,11 +314,12 @@ def install_cuda(spec: KernelSpec | None) -> type:
 
     if CUDA_OP_NAME in op_registry_oot:
         return op_registry_oot[CUDA_OP_NAME]
-    if spec is not None:
-        kernel, sha = spec.name, spec.source_sha256("cuda")
-        candidate = spec.fla_contract_function()
-    else:
+    planted = spec is not None and spec.ns_rounds is None  # a delay on vLLM's own kernel
+    if spec is None:
         kernel, sha, candidate = CUDA_REFERENCE_UNBUILT, _file_sha256(ChunkGatedDeltaRule), None
+    else:
+        kernel, sha = spec.name, spec.source_sha256("cuda")
+        candidate = None if planted else spec.fla_contract_function()
     counter = _new_counter(kernel, sha, "cuda")
     capture = capture_writer_from_env(kernel)
 
@@ -331,9 +334,10 @@ def install_cuda(spec: KernelSpec | None) -> type:
             self.rig_vllm_backend = self.gdn_prefill_backend
             requested = requested_gdn_backend()
             if candidate is None:
-                vllm_kernel = reference_kernel_name(self.rig_vllm_backend)
+                vllm_kernel = kernel if planted else reference_kernel_name(self.rig_vllm_backend)
                 counter.built_op(vllm_kernel, self.rig_vllm_backend, requested)
-                self.rig_reference_forward = self._forward_method
+                forward = self._forward_method
+                self.rig_reference_forward = spec.delayed(forward) if planted else forward
                 self._forward_method = self.forward_reference_counted
             else:
                 counter.built_op(kernel, self.rig_vllm_backend, requested)

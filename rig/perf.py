@@ -1,17 +1,30 @@
-"""The performance verdict: per level and metric, the candidate/reference ratio with a bootstrap
-95% interval over requests and repeats, and a word for it (`faster`, `slower`, `within noise`).
+"""The performance verdict: per level and metric, the candidate/reference ratio with a 95%
+interval, and a word for it (`faster`, `slower`, `within noise`).
 
 Metric names and definitions are `vllm bench serve`'s (mean TTFT over requests, TPOT =
 (E2EL - TTFT)/(tokens - 1) per request, ITL over every inter-token gap, throughputs over the
-level's wall time). The bootstrap is paired: it draws repeats, then request positions within each
-repeat, the same draws for both sides (request i is the same prompt on both). A throughput keeps
-its repeat's wall time, so its interval is the repeat-to-repeat variation (none with a single
-repeat: then its word is `single run`). The interval is the noise floor: a change whose
-interval includes 1 is `within noise`.
+level's wall time). Request i is the same prompt on both sides, so every comparison is paired.
+
+With two or more repeats, the repeat is the unit: each repeat gives one ratio per metric (the
+same prompts on both sides, so the prompt mix cancels), and the interval is Student's t over
+the repeats' log ratios, centred on their geometric mean. It holds the variation between
+repeats that a resampling of a few repeats misses: the performance control measured the
+earlier bootstrap over requests and repeats calling 15-20% of A/A throughputs `faster` or
+`slower` with 3-5 repeats (tests/test_perf.py simulates it). With one repeat, a paired
+bootstrap over request positions (the same draws for both sides): it covers request-to-request
+variation only, and a throughput, one number per repeat, has no interval (`single run`). A
+change whose interval includes 1 is `within noise`.
+
+A candidate slowed on purpose (`ref+delay-<N>ms`: N ms after every GDN prefill call) gets the
+change it planted next to what was measured: at C=1 the requests run one at a time and every
+GDN prefill call belongs to one request's prefill, before its first token, so each request's
+TTFT and E2EL grow by N ms x its calls; the calls are counted on the candidate's /metrics around
+each level, the reference's mean TTFT/E2EL is measured in the same run.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -121,38 +134,86 @@ def _nanpercentile(values: np.ndarray, q: float) -> np.ndarray:
     return np.where(valid > 0, result, np.nan)
 
 
-def paired_estimates(
-    pairs: list[tuple[RepeatArrays, RepeatArrays]],
-    rng: np.random.Generator,
-    resamples: int = RESAMPLES,
+def paired_bootstrap(
+    ref: RepeatArrays, cand: RepeatArrays, rng: np.random.Generator, resamples: int = RESAMPLES
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Point ratios (mean over repeats of each side, candidate / reference) and their paired
-    bootstrap: the same repeats, and within each the same request positions (the same prompts),
-    are drawn for both sides, so the prompt mix cancels and what varies is how each side served
-    them."""
-    whole = [np.arange(ref.ttft_ms.size)[None, :] for ref, _ in pairs]
-    points = {}
-    for metric in PERF_METRICS:
-        ref = np.mean([_metrics(r, i)[metric][0] for (r, _), i in zip(pairs, whole, strict=True)])
-        cand = np.mean([_metrics(c, i)[metric][0] for (_, c), i in zip(pairs, whole, strict=True)])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            points[metric] = float(cand / ref)
-    draws = [
-        rng.integers(0, ref.ttft_ms.size, size=(resamples, ref.ttft_ms.size)) for ref, _ in pairs
-    ]
-    per_repeat = [
-        (_metrics(ref, idx), _metrics(cand, idx))
-        for (ref, cand), idx in zip(pairs, draws, strict=True)
-    ]
-    chosen = rng.integers(0, len(pairs), size=(resamples, len(pairs)))
-    rows = np.arange(resamples)[:, None]
-    ratios = {}
-    for metric in PERF_METRICS:
-        ref = np.stack([r[metric] for r, _ in per_repeat], axis=1)[rows, chosen].mean(axis=1)
-        cand = np.stack([c[metric] for _, c in per_repeat], axis=1)[rows, chosen].mean(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratios[metric] = cand / ref
+    """One repeat: point ratios (candidate / reference) and their paired bootstrap, the same
+    request positions (the same prompts) drawn for both sides, so the prompt mix cancels and
+    what varies is how each side served them."""
+    whole = np.arange(ref.ttft_ms.size)[None, :]
+    idx = rng.integers(0, ref.ttft_ms.size, size=(resamples, ref.ttft_ms.size))
+    ref_whole, cand_whole = _metrics(ref, whole), _metrics(cand, whole)
+    ref_drawn, cand_drawn = _metrics(ref, idx), _metrics(cand, idx)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        points = {m: float(cand_whole[m][0] / ref_whole[m][0]) for m in PERF_METRICS}
+        ratios = {m: cand_drawn[m] / ref_drawn[m] for m in PERF_METRICS}
     return points, ratios
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz)."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    if x > (a + 1) / (a + b + 2):
+        return 1 - _betainc(b, a, 1 - x)
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    tiny, c, d = 1e-300, 1.0, 1 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1) < 1e-12:
+            break
+    return math.exp(log_front) * fraction / a
+
+
+def t_quantile(probability: float, df: int) -> float:
+    """Student's t quantile (probability > 0.5), by bisection on its distribution function."""
+    tail = 1 - probability  # P(T > t) = I_{df/(df+t^2)}(df/2, 1/2) / 2
+    low, high = 0.0, 1.0
+    while _betainc(df / 2, 0.5, df / (df + high * high)) / 2 > tail:
+        high *= 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        if _betainc(df / 2, 0.5, df / (df + middle * middle)) / 2 > tail:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def repeat_ratios(pairs: list[tuple[RepeatArrays, RepeatArrays]]) -> dict[str, np.ndarray]:
+    """Per metric, each repeat's candidate / reference ratio over all its requests."""
+    ratios: dict[str, list[float]] = {metric: [] for metric in PERF_METRICS}
+    for ref, cand in pairs:
+        whole = np.arange(ref.ttft_ms.size)[None, :]
+        ref_metrics, cand_metrics = _metrics(ref, whole), _metrics(cand, whole)
+        for metric in PERF_METRICS:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ratios[metric].append(float(cand_metrics[metric][0] / ref_metrics[metric][0]))
+    return {metric: np.array(values) for metric, values in ratios.items()}
+
+
+def t_interval(ratios: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of per-repeat ratios: Student's t interval on the log scale;
+    NaN where fewer than two repeats give a positive, finite ratio."""
+    logs = np.log(ratios[np.isfinite(ratios) & (ratios > 0)])
+    if logs.size < 2:
+        return (float(np.exp(logs.mean())) if logs.size else np.nan), np.nan, np.nan
+    centre = logs.mean()
+    quantile = t_quantile(1 - (1 - confidence) / 2, logs.size - 1)
+    half = quantile * logs.std(ddof=1) / np.sqrt(logs.size)
+    return float(np.exp(centre)), float(np.exp(centre - half)), float(np.exp(centre + half))
 
 
 def word(lower_is_better: bool, low: float, high: float) -> str:
@@ -171,16 +232,20 @@ def compare_levels(
     candidate: Iterable[RequestRecord],
     comparison: str = "candidate/reference",  # or "A/A"
     seed: int = SEED,
+    confidence: float = CONFIDENCE,
 ) -> pd.DataFrame:
     """One row per level both sides ran: per metric `<m>_ratio` (candidate / reference), its
     interval `<m>_ci_low` / `<m>_ci_high`, the same as percent change (candidate - reference,
     relative: `<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and `<m>_word`."""
     levels = _paired_levels(list(reference), list(candidate))
     rng = np.random.default_rng(seed)
-    alpha = (1 - CONFIDENCE) / 2 * 100
+    alpha = (1 - confidence) / 2 * 100
     rows = []
     for level, pairs in levels.items():
-        points, boot = paired_estimates(pairs, rng)
+        if len(pairs) == 1:
+            points, boot = paired_bootstrap(*pairs[0], rng)
+        else:
+            per_repeat = repeat_ratios(pairs)
         row: dict = {
             "comparison": comparison,
             "level": level,
@@ -188,13 +253,16 @@ def compare_levels(
             "requests": int(sum(np.sum(~np.isnan(cand.ttft_ms)) for _, cand in pairs)),
         }
         for metric, lower_is_better in PERF_METRICS.items():
-            ratio, ratios = points[metric], boot[metric]
-            ratios = ratios[np.isfinite(ratios)]
-            low, high = (
-                np.percentile(ratios, [alpha, 100 - alpha]) if ratios.size else (np.nan, np.nan)
-            )
-            if not lower_is_better and len(pairs) < 2:
-                low = high = np.nan  # one repeat: a throughput has no run-to-run variation yet
+            if len(pairs) > 1:
+                ratio, low, high = t_interval(per_repeat[metric], confidence)
+            else:
+                ratio, ratios = points[metric], boot[metric]
+                ratios = ratios[np.isfinite(ratios)]
+                low, high = (
+                    np.percentile(ratios, [alpha, 100 - alpha]) if ratios.size else (np.nan, np.nan)
+                )
+                if not lower_is_better:
+                    low = high = np.nan  # one repeat: a throughput has no run-to-run variation
             row[f"{metric}_ratio"] = ratio
             row[f"{metric}_ci_low"] = low
             row[f"{metric}_ci_high"] = high
@@ -245,20 +313,92 @@ def perf_frame(
     records: Iterable[RequestRecord],
     aa_records: Iterable[RequestRecord] = (),
     aa_concurrency: int | None = None,
+    planted: PlantedDelay | None = None,
+    confidence: float = CONFIDENCE,
 ) -> pd.DataFrame:
     """The run's candidate-vs-reference comparison from its timed, finished requests, and, when
     the A/A control ran at one of the levels' concurrencies, the A/A performance floor: the
     reference server's replay of a level's requests against that level's first repeat (same
-    kernel, same concurrency: what identical kernels measure as a change)."""
+    kernel, same concurrency: what identical kernels measure as a change). With a planted
+    delay, what it planted (add_planted)."""
+    records = list(records)
     finished = [r for r in records if not (r.error or "").startswith("cancelled")]
     reference = [r for r in finished if r.side == "reference"]
-    frame = compare_levels(reference, [r for r in finished if r.side == "candidate"])
+    candidate = [r for r in finished if r.side == "candidate"]
+    frame = compare_levels(reference, candidate, confidence=confidence)
+    if planted is not None and not frame.empty:
+        frame = add_planted(frame, records, planted)
     replay = [replace(r, level=aa_concurrency) for r in aa_records]
     baseline = [r for r in reference if r.level == aa_concurrency and r.repeat == 0]
     if replay and baseline:
-        floor = compare_levels(baseline, replay, comparison=AA)
+        floor = compare_levels(baseline, replay, comparison=AA, confidence=confidence)
         frame = pd.concat([frame, floor], ignore_index=True) if not frame.empty else floor
     return frame
+
+
+PLANTED_METRICS = ("mean_ttft_ms", "mean_e2el_ms")  # grow by the same time per request
+
+
+@dataclass(frozen=True)
+class PlantedDelay:
+    """The candidate's planted delay and the GDN prefill calls its servers made in each
+    (level, repeat), from their /metrics before and after the level."""
+
+    kernel: str
+    delay_ms: float
+    calls: dict[tuple[int, int], int]
+
+
+def add_planted(
+    frame: pd.DataFrame, records: Iterable[RequestRecord], planted: PlantedDelay
+) -> pd.DataFrame:
+    """Candidate rows at C=1 get what the delay planted: `planted_delay_ms` per call,
+    `planted_calls_per_request`, `planted_ms_per_request` (delay x calls / requests), and per
+    metric of PLANTED_METRICS `<m>_planted_pct` (that time over the reference's mean, in
+    percent) and `<m>_planted_inside_ci` (whether the interval holds it). Other levels batch
+    several requests' prefills into one call: nothing is claimed there."""
+    timed = [r for r in records if not r.warmup and not (r.error or "").startswith("cancelled")]
+    frame = frame.copy()
+    for index, row in frame.iterrows():
+        if row["comparison"] != CANDIDATE or row["level"] != 1:
+            continue
+        level = int(row["level"])
+        repeats = sorted(rep for (lvl, rep) in planted.calls if lvl == level)
+        requests = sum(
+            1 for r in timed if r.side == "candidate" and r.level == level and r.repeat in repeats
+        )
+        if not requests:
+            continue
+        calls = sum(planted.calls[(level, rep)] for rep in repeats)
+        added_ms = planted.delay_ms * calls / requests
+        frame.loc[index, "planted_delay_ms"] = planted.delay_ms
+        frame.loc[index, "planted_ms_per_request"] = added_ms
+        frame.loc[index, "planted_calls_per_request"] = calls / requests
+        for metric in PLANTED_METRICS:
+            reference = _reference_mean(timed, level, repeats, metric)
+            pct = 100 * added_ms / reference
+            low, high = row[f"{metric}_ci_low_pct"], row[f"{metric}_ci_high_pct"]
+            frame.loc[index, f"{metric}_planted_pct"] = pct
+            frame.loc[index, f"{metric}_planted_inside_ci"] = bool(low <= pct <= high)
+    return frame
+
+
+def _reference_mean(
+    records: list[RequestRecord], level: int, repeats: list[int], metric: str
+) -> float:
+    """The reference's metric at a level, the mean over repeats of each repeat's mean (as the
+    ratio's point estimate takes it)."""
+    field = {"mean_ttft_ms": "ttft_s", "mean_e2el_ms": "e2el_s"}[metric]
+    means = []
+    for repeat in repeats:
+        values = [
+            getattr(r, field)
+            for r in records
+            if r.side == "reference" and (r.level, r.repeat) == (level, repeat) and r.error is None
+        ]
+        if values:
+            means.append(1000 * float(np.mean(values)))
+    return float(np.mean(means)) if means else float("nan")
 
 
 def candidate_rows(frame: pd.DataFrame) -> pd.DataFrame:

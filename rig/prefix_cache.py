@@ -1,5 +1,6 @@
 """vLLM's prefix-cache counters, scraped from its Prometheus /metrics before and after each
-level: any hit means some prefill never ran the kernel under test."""
+level: any hit means some prefill never ran the kernel under test. The same scrape reads the rig
+plugin's GDN prefill call count, which sizes a planted slowdown (`ref+delay-<N>ms`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 from pydantic import SecretStr
 
+from kernels.proof import read_kernel_proof_from_metrics
 from rig.secrets import auth_headers
 
 
@@ -16,6 +18,7 @@ from rig.secrets import auth_headers
 class PrefixCacheCounters:
     queries: float
     hits: float
+    gdn_prefill_calls: int | None = None  # None: no rig plugin evidence on /metrics
 
 
 _COUNTER_LINE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
@@ -46,7 +49,9 @@ def parse_prefix_cache_counters(metrics_text: str) -> PrefixCacheCounters:
     if len(found) != len(totals):
         missing = ", ".join(sorted(set(totals) - found))
         raise ValueError(f"/metrics has no {missing} (is this a vLLM server with prefix caching?)")
+    proof = read_kernel_proof_from_metrics(metrics_text)
     return PrefixCacheCounters(
         queries=totals["vllm:prefix_cache_queries_total"],
         hits=totals["vllm:prefix_cache_hits_total"],
+        gdn_prefill_calls=proof.calls if proof.marker_kernels else None,
     )

@@ -44,13 +44,15 @@ REPORT_FILES = (
 
 @dataclass(frozen=True)
 class PrefixCacheDelta:
-    """Prefix-cache queries and hits one side's server counted during one level."""
+    """Prefix-cache queries and hits one side's server counted during one level, and the GDN
+    prefill calls it made (None without the rig plugin's evidence on /metrics)."""
 
     side: str
     level: int
     repeat: int
     queries: float
     hits: float
+    gdn_prefill_calls: int | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def _cell_md(value: object) -> str:
     return _clip(_md_text(str(value)).replace("|", "\\|").replace("\n", " "), 300)
 
 
-def _delta_md(row: pd.Series, metric: str) -> str:
+def delta_md(row: pd.Series, metric: str) -> str:
     """Candidate - reference in percent, its 95% interval and the word (faster, slower, within
     noise), e.g. `+12.0 % [+9.1, +15.2] slower`."""
     value = row.get(f"{metric}_change_pct")
@@ -187,8 +189,8 @@ def _level_lines(table: pd.DataFrame) -> list[str]:
             f"| {row['level']} | {row['side']} | {int(row['completed'])}/{int(row['requests'])} "
             f"| {DASH if missing(matches) or row['side'] != 'candidate' else int(matches)} "
             f"| {number(row['mean_ttft_ms'], 'ms')} | {number(row['mean_e2el_ms'], 'ms')} "
-            f"| {number(row['total_token_throughput'])} | {_delta_md(row, 'mean_ttft_ms')} "
-            f"| {_delta_md(row, 'mean_e2el_ms')} | {_delta_md(row, 'total_token_throughput')} |"
+            f"| {number(row['total_token_throughput'])} | {delta_md(row, 'mean_ttft_ms')} "
+            f"| {delta_md(row, 'mean_e2el_ms')} | {delta_md(row, 'total_token_throughput')} |"
         )
     return header + rows
 
@@ -242,6 +244,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
     head += _jit_lines(outcome.faults)
     head += _aa_floor_lines(outcome.perf)
+    head += _planted_lines(outcome.perf)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
     budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
@@ -270,7 +273,7 @@ def _aa_floor_lines(perf: pd.DataFrame | None) -> list[str]:
     lines = []
     for _, row in perf[perf["comparison"] == AA].iterrows():
         metrics = ", ".join(
-            f"{name} {_delta_md(row, metric)}"
+            f"{name} {delta_md(row, metric)}"
             for metric, name in (
                 ("mean_ttft_ms", "TTFT"),
                 ("mean_e2el_ms", "E2EL"),
@@ -278,6 +281,31 @@ def _aa_floor_lines(perf: pd.DataFrame | None) -> list[str]:
             )
         )
         lines.append(_clip(f"A/A performance floor at C={int(row['level'])}: {metrics}"))
+    return [*lines, ""]
+
+
+def _planted_lines(perf: pd.DataFrame | None) -> list[str]:
+    """A candidate slowed on purpose: the change it planted next to the measured interval."""
+    if perf is None or perf.empty or "planted_ms_per_request" not in perf.columns:
+        return []
+    lines = []
+    for _, row in candidate_rows(perf).dropna(subset=["planted_ms_per_request"]).iterrows():
+        parts = []
+        for metric, name in (("mean_ttft_ms", "TTFT"), ("mean_e2el_ms", "E2EL")):
+            inside = row[f"{metric}_planted_inside_ci"]
+            verdict = "inside the interval" if inside else "**outside the interval**"
+            parts.append(
+                f"{name} planted {row[f'{metric}_planted_pct']:+.1f} %, measured "
+                f"{delta_md(row, metric)}: {verdict}"
+            )
+        lines.append(
+            _clip(
+                f"Planted slowdown at C={int(row['level'])}: "
+                f"{row['planted_calls_per_request']:.2f} GDN prefill calls per request x "
+                f"{row['planted_delay_ms']:g} ms = {row['planted_ms_per_request']:.1f} ms per "
+                f"request. {'; '.join(parts)}."
+            )
+        )
     return [*lines, ""]
 
 

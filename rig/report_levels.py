@@ -65,7 +65,7 @@ def _level_row(level: int, side: str, group: pd.DataFrame) -> str:
 
 
 def _interval(row: pd.Series, metric: str) -> str:
-    """The 95% bootstrap interval of one change (`<metric>_ci_low_pct` / `_ci_high_pct`)."""
+    """The 95% interval of one change (`<metric>_ci_low_pct` / `_ci_high_pct`)."""
     low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
     if not missing(low) and not missing(high):
         return f"[{low:+.1f}, {high:+.1f}]"
@@ -104,7 +104,8 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
             "<h3>Candidate against reference</h3>",
             "<p>Change = candidate − reference, in percent of the reference (a positive "
             "latency change is slower, a positive throughput change faster), with its 95% "
-            "bootstrap interval [low, high] over requests and repeats. An interval that "
+            "interval [low, high]: Student's t over the repeats' ratios with two or more "
+            "repeats, a paired bootstrap over requests with one. An interval that "
             "includes no change is <em>within noise</em>; the A/A row (the reference server "
             "replaying a level's requests) is what identical kernels measure"
             + (

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from kernels.proof import KernelProof, fetch_kernel_proof, read_kernel_proof
+from kernels.registry import planted_delay_ms
 from rig.cache import GoldenCache, GoldenEntry, golden_key
 from rig.compare import compare_pairs
 from rig.drift import (
@@ -34,9 +35,9 @@ from rig.hardware import Hardware
 from rig.interrupts import InterruptsDeferred, interrupts_raise
 from rig.load import run_level
 from rig.manifest import build_manifest
-from rig.perf import perf_frame
+from rig.perf import PlantedDelay, perf_frame
 from rig.placement import shard
-from rig.prefix_cache import read_prefix_cache_counters
+from rig.prefix_cache import PrefixCacheCounters, read_prefix_cache_counters
 from rig.preflight import PreflightError, preflight, render_plan
 from rig.prompts import Prompt, PromptFileError
 from rig.records import RequestRecord, ServerTarget, SideJob
@@ -116,14 +117,33 @@ class RunState:
     timings: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     proofs: dict[str, KernelProof] = field(default_factory=dict)  # by server label
+    schedule: list[dict] = field(default_factory=list)  # each start of servers, in order
 
 
-def _counters(targets: dict[str, ServerTarget]) -> dict[str, tuple[float, float]]:
+@dataclass(frozen=True)
+class Round:
+    """One start of a phase's servers and the repeats they run before they stop."""
+
+    servers: tuple[str, ...]
+    repeats: tuple[int, ...]
+
+
+def phase_rounds(phases: tuple[tuple[str, ...], ...], repeats: int) -> list[Round]:
+    """Each phase once, running every repeat, when the sides run at the same time (one phase)
+    or there is one repeat. With the sides one after the other and several repeats they are
+    interleaved, reference r0, candidate r0, reference r1, ...: the servers restart for every
+    repeat, so that a machine drifting over time slows both sides alike, not one."""
+    if len(phases) < 2 or repeats < 2:
+        return [Round(phase, tuple(range(repeats))) for phase in phases]
+    return [Round(phase, (repeat,)) for repeat in range(repeats) for phase in phases]
+
+
+def _counters(targets: dict[str, ServerTarget]) -> dict[str, PrefixCacheCounters]:
     async def read_all():
         answers = await asyncio.gather(
             *(read_prefix_cache_counters(t.base_url, t.api_key) for t in targets.values())
         )
-        return {side: (a.queries, a.hits) for side, a in zip(targets, answers, strict=True)}
+        return dict(zip(targets, answers, strict=True))
 
     return asyncio.run(read_all())
 
@@ -228,21 +248,45 @@ class Runner:
         }
 
     def run_phases(self) -> None:
-        for phase in self.plan.phases:
+        """Start each round's servers, run its levels, read their kernel proof, stop them. A
+        phase's drift replay and A/A control run in its first round with levels to run (its
+        last round when every level is kept from an interrupted run)."""
+        workload = self.scenario.workload
+        rounds = phase_rounds(self.plan.phases, workload.repeats)
+        extras_due = set(self.plan.phases)
+        for index, planned in enumerate(rounds):
+            levels = [
+                (level, repeat)
+                for level in workload.concurrency
+                for repeat in planned.repeats
+                if (level, repeat) not in self.done_levels
+            ]
+            last = all(later.servers != planned.servers for later in rounds[index + 1 :])
+            extras = planned.servers in extras_due and bool(levels or last)
+            if not levels and not extras:
+                continue
+            self.state.schedule.append(
+                {"servers": list(planned.servers), "levels": [list(lr) for lr in levels]}
+            )
             started = time.monotonic()
-            plans = [self.plan.servers[label] for label in phase]
+            plans = [self.plan.servers[label] for label in planned.servers]
             with ServerSet(plans, self.scenario.model.startup_timeout_s) as servers:
                 ready = time.monotonic()
-                for label in phase:
-                    self.state.timings[f"{label}_startup_s"] = ready - started
-                self.run_load(servers)
-                first_pair = {s.plan.side: s for s in servers.values() if s.plan.replica == 0}
-                self.run_drift(first_pair)
-                if self.scenario.control.aa and "reference" in first_pair:
-                    self.run_aa(first_pair["reference"])
+                for label in planned.servers:
+                    self._add_timing(f"{label}_startup_s", ready - started)
+                self.run_load(servers, levels)
+                if extras:
+                    extras_due.discard(planned.servers)
+                    first_pair = {s.plan.side: s for s in servers.values() if s.plan.replica == 0}
+                    self.run_drift(first_pair)
+                    if self.scenario.control.aa and "reference" in first_pair:
+                        self.run_aa(first_pair["reference"])
                 self.read_proofs(servers)
-                for label in phase:
-                    self.state.timings[f"{label}_server_s"] = time.monotonic() - started
+                for label in planned.servers:
+                    self._add_timing(f"{label}_server_s", time.monotonic() - started)
+
+    def _add_timing(self, name: str, seconds: float) -> None:
+        self.state.timings[name] = self.state.timings.get(name, 0.0) + seconds
 
     def read_proofs(self, servers: dict[str, Server]) -> None:
         """Each server's kernel proof from its /metrics while it still runs: the same way for
@@ -257,9 +301,15 @@ class Runner:
             if (proof is None or not proof.marker_kernels) and server.plan.url is None:
                 proof = read_kernel_proof(server.plan.log_path, server.plan.stats_dir)
             if proof is not None:
+                earlier = self.state.proofs.get(label)
+                # A log covers every start of the server (it is appended to); /metrics only
+                # the one running now, so a restarted server's answers add up.
+                if earlier is not None and proof.origin == "metrics":
+                    proof = earlier.combined_with(proof)
                 self.state.proofs[label] = proof
 
-    def run_load(self, servers: dict[str, Server]) -> None:
+    def run_load(self, servers: dict[str, Server], levels: list[tuple[int, int]]) -> None:
+        """Warm every server up, then run the (level, repeat) pairs in order."""
         workload = self.scenario.workload
         targets = self.targets(servers)
         warmup = warmup_prompts(workload, self.prompts)
@@ -282,10 +332,8 @@ class Runner:
             ]
             print(f"rig: warm-up, {len(warmup)} untimed requests per server", flush=True)
             run_level(jobs, min(workload.concurrency), timeout_s=workload.timeout_s)
-        for level in workload.concurrency:
-            for repeat in range(workload.repeats):
-                if (level, repeat) not in self.done_levels:
-                    self.run_one_level(servers, targets, level, repeat)
+        for level, repeat in levels:
+            self.run_one_level(servers, targets, level, repeat)
 
     def run_one_level(
         self, servers: dict[str, Server], targets: dict[str, ServerTarget], level: int, repeat: int
@@ -331,13 +379,20 @@ class Runner:
                 )
         after = _counters(targets)
         for label in servers:
+            first, last = before[label], after[label]
+            calls = (
+                last.gdn_prefill_calls - first.gdn_prefill_calls
+                if last.gdn_prefill_calls is not None and first.gdn_prefill_calls is not None
+                else None
+            )
             self.record_prefix_cache(
                 PrefixCacheDelta(
                     label,
                     level,
                     repeat,
-                    queries=after[label][0] - before[label][0],
-                    hits=after[label][1] - before[label][1],
+                    queries=last.queries - first.queries,
+                    hits=last.hits - first.hits,
+                    gdn_prefill_calls=calls,
                 )
             )
 
@@ -513,7 +568,9 @@ class Runner:
             aa_drift = self._drift(AA_SIDE)
         hits = sum(p.hits for p in state.prefix_cache)
         kernels = self.side_kernels
-        perf = perf_frame(state.records, state.aa_records, self.aa_concurrency)
+        perf = perf_frame(
+            state.records, state.aa_records, self.aa_concurrency, self.planted_delay()
+        )
         verdict = decide(
             scenario.gates,
             pairs,
@@ -535,7 +592,11 @@ class Runner:
             run_dir=self.run_dir,
             scenario_name=scenario.name,
             manifest=build_manifest(scenario, self.plan, self.model_path)
-            | {"server_peak_rss_mb": state.peak_rss_mb, "gdn_backends": self.gdn_backends()},
+            | {
+                "server_peak_rss_mb": state.peak_rss_mb,
+                "gdn_backends": self.gdn_backends(),
+                "schedule": state.schedule,
+            },
             records=state.records,
             pairs=pairs,
             drift=drift,
@@ -550,6 +611,22 @@ class Runner:
             error=error,
             prompt_categories={p.id: p.category for p in self.prompts if p.category},
         )
+
+    def planted_delay(self) -> PlantedDelay | None:
+        """The candidate's planted delay (`ref+delay-<N>ms`) and its servers' GDN prefill calls
+        per level; None for any other candidate or when a server published no count."""
+        kernel = self.scenario.candidate.kernel
+        delay_ms = planted_delay_ms(kernel)
+        calls: dict[tuple[int, int], int] = {}
+        for delta in self.state.prefix_cache:
+            plan = self.plan.servers.get(delta.side)
+            if plan is None or plan.side != "candidate":
+                continue
+            if delta.gdn_prefill_calls is None:
+                return None
+            key = (delta.level, delta.repeat)
+            calls[key] = calls.get(key, 0) + delta.gdn_prefill_calls
+        return PlantedDelay(kernel, delay_ms, calls) if delay_ms and calls else None
 
     def _drift(self, side: str) -> list[DriftResult]:
         forced = self.state.forced

@@ -1,5 +1,6 @@
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,9 +14,11 @@ from rig.perf import (
     PERF_METRICS,
     SINGLE,
     SLOWER,
+    PlantedDelay,
     candidate_rows,
     compare_levels,
     perf_frame,
+    t_quantile,
     word,
     worst_slowdown_pct,
 )
@@ -178,3 +181,100 @@ def test_the_bootstrap_is_paired_so_the_prompt_mix_cancels(level):
     assert row["mean_ttft_ms_word"] == SLOWER
     assert row["output_throughput_word"] == SINGLE  # one repeat: no run-to-run variation
     assert math.isnan(row["output_throughput_ci_low_pct"])
+
+
+def test_a_planted_delay_is_sized_from_the_calls_counted_and_the_reference_measured(level):
+    """2 GDN prefill calls per request x 20 ms on a 100 ms TTFT: +40 % planted; the candidate
+    measured 40 ms slower is `slower` with an interval that holds the planted change. The C=4
+    level batches prefills, so nothing is claimed there."""
+    reference = two_repeats(level, "reference", 100, 0.100, 1)
+    candidate = [
+        replace(r, ttft_s=r.ttft_s + 0.040, e2el_s=r.e2el_s + 0.040)
+        for r in two_repeats(level, "candidate", 100, 0.100, 1)
+    ]
+    batched = level("reference", [0.1] * 10, level=4) + level("candidate", [0.1] * 10, level=4)
+    calls = {(1, 0): 200, (1, 1): 200, (4, 0): 6}
+    planted = PlantedDelay("ref+delay-20ms", 20.0, calls)
+    frame = perf_frame(reference + candidate + batched, planted=planted).set_index("level")
+    row = frame.loc[1]
+    assert (row["planted_calls_per_request"], row["planted_ms_per_request"]) == (2.0, 40.0)
+    assert row["mean_ttft_ms_planted_pct"] == pytest.approx(40.0, rel=0.01)
+    assert row["mean_ttft_ms_word"] == SLOWER and row["mean_ttft_ms_planted_inside_ci"]
+    e2el = 100 + 9 * 10  # ms: TTFT and nine 10-ms gaps
+    assert row["mean_e2el_ms_planted_pct"] == pytest.approx(100 * 40 / e2el, rel=0.01)
+    assert math.isnan(frame.loc[4, "planted_ms_per_request"])
+
+
+def test_a_planted_change_outside_the_interval_is_said_to_be_outside(level):
+    reference = two_repeats(level, "reference", 100, 0.100, 1)
+    candidate = two_repeats(level, "candidate", 100, 0.100, 1)  # the delay never happened
+    planted = PlantedDelay("ref+delay-20ms", 20.0, {(1, 0): 200, (1, 1): 200})
+    (row,) = perf_frame(reference + candidate, planted=planted).to_dict("records")
+    assert row["mean_ttft_ms_word"] == NOISE and not row["mean_ttft_ms_planted_inside_ci"]
+
+
+def simulated_side(make_record, rng, side, repeats, base_s, drift=0.15):
+    """C=1 requests of one side: each repeat slowed or sped up as a whole (the machine's state
+    on that side's core; `drift` is its log-normal sigma), each request jittered by 10% and one
+    in ten stalled by an exponential 200 ms, as on the shared 2-core machine."""
+    records = []
+    for repeat in range(repeats):
+        factor, sent = np.exp(drift * rng.standard_normal()), 1000.0
+        for i, base in enumerate(base_s):
+            ttft = base * factor * np.exp(0.1 * rng.standard_normal())
+            ttft += rng.exponential(0.2) if rng.random() < 0.1 else 0.0
+            itl = [0.012 * factor * np.exp(0.1 * rng.standard_normal())] * 15
+            e2el = ttft + sum(itl)
+            records.append(
+                make_record(side, f"q{i}", index=i, repeat=repeat, sent_at=sent, ttft_s=ttft,
+                            itl_s=itl, e2el_s=e2el, output_tokens=16, prompt_tokens=20)
+            )  # fmt: skip
+            sent += e2el + 0.002
+    return records
+
+
+def test_aa_false_positives_stay_near_five_percent_per_metric_with_few_repeats(make_record):
+    """200 simulated A/A runs of 5 repeats x 32 requests whose repeats drift as a whole: each
+    metric's interval excludes no change in about 5% of them (the bootstrap over repeats it
+    replaced did so for ~20% of the throughputs), and a planted +40 ms on a ~30 ms TTFT is
+    `slower` in most of them."""
+    trials, false_positives, detected = 200, dict.fromkeys(PERF_METRICS, 0), 0
+    for trial in range(trials):
+        rng = np.random.default_rng(trial)
+        base = 0.03 * np.exp(0.3 * rng.standard_normal(32))
+        reference = simulated_side(make_record, rng, "reference", 5, base)
+        candidate = simulated_side(make_record, rng, "candidate", 5, base)
+        (row,) = compare_levels(reference, candidate).to_dict("records")
+        for metric in PERF_METRICS:
+            false_positives[metric] += row[f"{metric}_word"] != NOISE
+        slowed = simulated_side(make_record, rng, "candidate", 5, base + 0.040)
+        (planted,) = compare_levels(reference, slowed).to_dict("records")
+        detected += planted["mean_ttft_ms_word"] == SLOWER
+    assert max(false_positives.values()) <= 0.09 * trials, false_positives
+    assert detected >= 0.7 * trials
+
+
+def test_the_interval_over_repeats_is_students_t_on_log_ratios(level):
+    """Three repeats, the candidate 20%, 25% and 30% slower: the interval is the t interval
+    (2 degrees of freedom) around the geometric mean of the three ratios."""
+    reference = [r for k in range(3) for r in level("reference", [0.1] * 10, repeat=k)]
+    candidate = [
+        r for k, slower in enumerate((1.2, 1.25, 1.3))
+        for r in level("candidate", [0.1 * slower] * 10, repeat=k)
+    ]  # fmt: skip
+    (row,) = compare_levels(reference, candidate).to_dict("records")
+    logs = np.log([1.2, 1.25, 1.3])
+    half = 4.303 * logs.std(ddof=1) / math.sqrt(3)
+    assert row["mean_ttft_ms_ratio"] == pytest.approx(math.exp(logs.mean()))
+    assert row["mean_ttft_ms_ci_low"] == pytest.approx(math.exp(logs.mean() - half), rel=1e-4)
+    assert row["mean_ttft_ms_ci_high"] == pytest.approx(math.exp(logs.mean() + half), rel=1e-4)
+    assert row["mean_ttft_ms_word"] == SLOWER
+
+
+@pytest.mark.parametrize(
+    ("probability", "df", "expected"),
+    [(0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 4, 2.776), (0.975, 30, 2.042),
+     (0.995, 4, 4.604), (0.995, 10, 3.169)],
+)  # fmt: skip
+def test_t_quantiles_match_the_tables(probability, df, expected):
+    assert t_quantile(probability, df) == pytest.approx(expected, abs=1e-3)

@@ -27,6 +27,22 @@ def test_counters_are_summed_over_label_sets():
     assert (counters.queries, counters.hits) == (1500.0, 640.0)
 
 
+def test_gdn_prefill_calls_come_from_the_rig_plugins_evidence(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kernels.proof import PrefillStats, stats_file_name
+    from kernels.proof_metrics import StatsCollector
+
+    assert parse_prefix_cache_counters(VLLM_METRICS).gdn_prefill_calls is None
+    for pid, calls in ((101, 0), (102, 7)):  # API server, engine core
+        record = PrefillStats("ref+delay-40ms", "c" * 64, calls, pid, "cpu", server="s1")
+        (tmp_path / stats_file_name(pid)).write_text(record.to_json())
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(tmp_path, "s1"))
+    text = VLLM_METRICS + generate_latest(registry).decode()
+    assert parse_prefix_cache_counters(text).gdn_prefill_calls == 7
+
+
 def test_missing_counters_are_an_error():
     with pytest.raises(ValueError, match="prefix_cache_hits_total"):
         parse_prefix_cache_counters(VLLM_METRICS.replace("hits", "misses"))

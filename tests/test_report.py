@@ -9,7 +9,7 @@ from rig import report
 from rig.compare import compare_pairs
 from rig.drift import DriftResult
 from rig.metrics import summary_frame
-from rig.perf import perf_frame
+from rig.perf import PlantedDelay, perf_frame
 from rig.records import TokenLogprob
 from rig.report import (
     SUMMARY_MD_LIMIT,
@@ -254,6 +254,24 @@ def test_summary_markdown_shows_the_aa_performance_floor(outcome):
     assert line.startswith("A/A performance floor at C=1: TTFT +0.0 % [")
     assert line.count("within noise") == 2
     assert line.endswith("tok/s +0.0 % single run")  # one A/A repeat: no throughput interval
+
+
+def test_summary_markdown_sets_a_planted_slowdown_next_to_its_measurement(outcome):
+    records = [
+        r if r.side == "reference" else dataclasses.replace(r, ttft_s=r.ttft_s + 0.05)
+        for r in outcome.records
+        if r.error is None and r.ttft_s is not None
+    ]
+    requests = sum(r.side == "candidate" for r in records)
+    planted = PlantedDelay("ref+delay-25ms", 25.0, {(1, 0): 2 * requests})
+    perf = perf_frame(records, planted=planted)
+    text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
+    (line,) = [x for x in text.splitlines() if x.startswith("Planted slowdown")]
+    assert line.startswith(
+        "Planted slowdown at C=1: 2.00 GDN prefill calls per request x 25 ms = 50.0 ms per "
+        "request. TTFT planted +"
+    )
+    assert "E2EL planted +" in line and "nan" not in line
 
 
 def test_summary_markdown_lists_gates_and_mismatches(outcome, written):

@@ -142,6 +142,17 @@ def test_metrics_proof_of_a_candidate():
     assert "ran ns4" in proof.reference_backend_problem("triton")
 
 
+def test_a_restarted_servers_proofs_add_up():
+    def started(pid: int, calls: int):
+        lines = [f"# TYPE {INFO_METRIC} gauge", info_line(pid, "ns4", backend="cpu-native")]
+        return read_kernel_proof_from_metrics("\n".join([*lines, calls_line(pid, "ns4", calls)]))
+
+    both = started(40, 6).combined_with(started(50, 8))
+    assert both.calls == 14 and both.pids == (40, 50) and both.loaded_pids == (40, 50)
+    assert both.kernel == "ns4" and both.vllm_backends == ("cpu-native",)
+    assert both.origin == "metrics"
+
+
 def test_metrics_tell_not_loaded_from_never_called():
     not_loaded = read_kernel_proof_from_metrics(VLLM_METRICS)
     assert not_loaded.kernel == "unknown" and not_loaded.marker_kernels == ()

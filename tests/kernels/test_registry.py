@@ -1,10 +1,14 @@
-"""Kernel names: ns1..ns8 resolve, anything else fails naming the known kernels."""
+"""Kernel names: ns1..ns8 and the planted delays resolve, anything else fails naming the known
+kernels."""
+
+import time
 
 import pytest
 
 from kernels.registry import (
     UnknownKernelError,
     known_kernel_names,
+    planted_delay_ms,
     resolve_kernel,
     sha256_of_files,
 )
@@ -17,7 +21,43 @@ def test_ns_names_resolve_to_their_round_count(rounds):
     assert spec.cpu_op().ns_rounds == rounds
 
 
-@pytest.mark.parametrize("name", ["ns0", "ns9", "ns04", "fla", "NS4", ""])
+@pytest.mark.parametrize(
+    ("name", "rounds", "delay_ms"),
+    [("ref+delay-40ms", None, 40.0), ("ns4+delay-2.5ms", 4, 2.5), ("ns4", 4, 0.0)],
+)
+def test_planted_delays_resolve_to_their_base_and_delay(name, rounds, delay_ms):
+    spec = resolve_kernel(name)
+    assert (spec.ns_rounds, spec.delay_ms) == (rounds, delay_ms)
+
+
+def test_only_a_delay_on_vllms_own_kernel_plants_a_known_slowdown():
+    assert planted_delay_ms("ref+delay-40ms") == 40.0
+    assert planted_delay_ms("ns4+delay-40ms") == 0.0  # ns4 itself differs from the reference
+
+
+def test_planted_delay_runs_the_base_op_and_then_sleeps():
+    calls = []
+    op = resolve_kernel("ref+delay-30ms").cpu_op(lambda *a: calls.append(a) or "out")
+    started = time.perf_counter()
+    assert op(1, 2) == "out" and calls == [(1, 2)]
+    assert time.perf_counter() - started >= 0.030
+    with pytest.raises(ValueError, match="vLLM's own kernel"):
+        resolve_kernel("ref+delay-30ms").cpu_op()
+
+
+def test_a_delay_changes_the_source_hash_the_proof_names():
+    assert resolve_kernel("ns4+delay-5ms").source_sha256("cpu") != resolve_kernel(
+        "ns4"
+    ).source_sha256("cpu")
+
+
+def test_other_names_have_no_planted_delay():
+    assert planted_delay_ms("fastest") == planted_delay_ms(None) == 0.0
+
+
+@pytest.mark.parametrize(
+    "name", ["ns0", "ns9", "ns04", "fla", "NS4", "", "ref", "ref+delay-ms", "ns9+delay-5ms"]
+)
 def test_unknown_names_list_the_known_kernels(name):
     with pytest.raises(UnknownKernelError) as error:
         resolve_kernel(name)

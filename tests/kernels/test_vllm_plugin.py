@@ -111,6 +111,21 @@ def test_reference_cpu_op_is_counted_without_numerical_change(plugin_env):
     assert counter.calls == 1
 
 
+def test_planted_delay_on_the_reference_cpu_op_is_named_slower_and_numerically_the_same(
+    plugin_env,
+):
+    inputs = random_inputs([130], CPU_SHAPE, torch.float32, seed=2)
+    expected = run_cpu_op(custom_ops.chunk_gated_delta_rule_cpu, inputs)
+    counter = vllm_plugin.install_cpu(resolve_kernel("ref+delay-50ms"))
+    assert counter.kernel == "ref+delay-50ms"
+    started = time.perf_counter()
+    result = call_like_vllm(FakeLayer(), inputs)
+    assert time.perf_counter() - started >= 0.050
+    assert torch.equal(result[0], expected[0]) and torch.equal(result[1], expected[1])
+    (stats,) = read_stats(plugin_env / "stats")
+    assert (stats.kernel, stats.calls) == ("ref+delay-50ms", 1)
+
+
 def test_first_process_makes_a_private_stats_folder_for_the_server(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm_plugin, "_private_stats_dir", None)
     monkeypatch.setenv("RIG_GDN_STATS_DIR", "")  # "" = unset; restored afterwards
@@ -288,6 +303,14 @@ def test_cuda_path_reference_keeps_vllms_forward_and_counts(plugin_env, build_gd
     (path,) = list_captures(plugin_env / "capture")
     assert load_capture(path).meta.layer == FakeGdnLayer.prefix
     assert torch.equal(load_capture(path).inputs.v, inputs.v)
+
+
+def test_cuda_path_planted_delay_wraps_vllms_forward(plugin_env, build_gdn_op):
+    vllm_plugin.install_cuda(resolve_kernel("ref+delay-20ms"))
+    op = build_gdn_op()
+    assert op._forward_method == op.forward_reference_counted
+    assert op.rig_counter.kernel == "ref+delay-20ms" and op.gdn_prefill_backend == "triton"
+    assert op.rig_reference_forward.__wrapped__.__func__.__name__ == "forward_native"
 
 
 def free_port() -> int:
