@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from rig.compare import (
@@ -12,6 +14,7 @@ from rig.compare import (
     read_records,
 )
 from rig.compare import main as compare_main
+from rig.drift import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
 from rig.records import TokenLogprob
 
 MARGIN = 0.25
@@ -334,6 +337,20 @@ def test_candidate_transport_error_is_candidate_only(make_record):
     assert [(p.kind, p.candidate_only) for p in found] == [("http_500", True)]
 
 
+def test_nonfinite_logprobs_in_the_candidates_replay_are_a_candidate_pathology(make_record):
+    """vLLM sends a broken kernel's NaN as null, read as NaN (rig.drift)."""
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
+    cand.text = ref.text
+    key = ("p0", (1, 2, 3, 4))
+    replayed["candidate"][key][1] = position(2, {2: math.nan, 8: -2.5})
+    found = pair_pathologies(ref, cand, None, replayed)
+    assert [(p.side, p.kind, p.candidate_only) for p in found] == [
+        ("candidate", "nonfinite_logprobs", True)
+    ]
+    assert found[0].detail.startswith("1 positions")
+    assert pair_pathologies(ref, cand, None) == ()  # without a replay nothing to tell
+
+
 def test_gating_pathologies_are_candidate_only_or_transport_errors():
     shared = Pathology("reference", "empty_output", "", candidate_only=False)
     transport = Pathology("reference", "timeout", "", candidate_only=False)
@@ -439,6 +456,25 @@ def test_main_compares_two_stored_runs(make_record, tmp_path, capsys):
     )
     assert compare_main([str(run_a), str(other)]) == 1
     assert "1 substantive" in capsys.readouterr().out
+
+
+def test_main_classifies_from_the_runs_replays(make_record, tmp_path, capsys):
+    """Each side's top-k from its own run's replay.jsonl, found by the reference completion."""
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
+    sequence = ForcedSequence("p0", (7,), (1, 2, 3, 4))
+    runs = {}
+    for name, side, record in (("a", "reference", ref), ("b", "candidate", cand)):
+        runs[name] = store(tmp_path / name, [record])
+        positions = replayed[side][sequence.key]
+        answer = ForcedLogprobs(
+            (None, *(p.logprob for p in positions)), tuple(p.top for p in positions)
+        )
+        write_replay(runs[name] / REPLAY_FILE, [sequence], {side: {0: answer}})
+    assert compare_main([str(runs["a"]), str(runs["b"])]) == 0
+    assert "1 near-tie, 0 substantive" in capsys.readouterr().out
+    (runs["b"] / REPLAY_FILE).unlink()
+    assert compare_main([str(runs["a"]), str(runs["b"])]) == 1
+    assert "token 2 (unclassified" in capsys.readouterr().out
 
 
 def test_main_fails_when_requests_failed(make_record, tmp_path, capsys):
