@@ -68,8 +68,11 @@ class ServerTarget:
 
 @dataclass(frozen=True)
 class TokenLogprob:
+    """One position: the token there (sampled, or forced by the replay), its logprob (None when
+    the server gave none) and the top-k."""
+
     token_id: int
-    logprob: float
+    logprob: float | None
     top: dict[int, float]  # top-k alternatives: token id -> logprob
 
 

@@ -2,8 +2,17 @@
 
 import pytest
 
+from rig.drift import ForcedSequence
 from rig.report import LevelFault
-from rig.run import FAULTS_FILE, Runner, _check_resumable, _cost_comparison, append_jsonl, is_aa_run
+from rig.run import (
+    AA_SIDE,
+    FAULTS_FILE,
+    Runner,
+    _check_resumable,
+    _cost_comparison,
+    append_jsonl,
+    is_aa_run,
+)
 from rig.scenario import Scenario, ScenarioError
 from rig.servers import Hardware, plan_servers
 
@@ -54,4 +63,28 @@ def test_resume_keeps_finished_levels_and_their_faults_but_not_a_level_whose_ser
     assert [f.kind for f in runner.state.faults] == ["traceback"]
     assert {r.level for r in runner.state.records} == {1}
     assert "server_died" not in (tmp_path / FAULTS_FILE).read_text()
+    runner.sink.close()
+
+
+def test_the_reference_replays_every_completion_another_side_its_sample_and_divergences(
+    tmp_path, make_record
+):
+    """The reference's replay must hold the margins of any divergence a later candidate shows
+    (golden cache, sides one after the other); the others replay what their verdict reads."""
+    run = scenario(drift={"max_requests": 1})
+    plan = plan_servers(run, "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
+    runner = Runner(run, "r", tmp_path, plan, "/m", cache=None)
+    texts = {"q0": "a", "q1": "b", "q2": "c"}
+    for i, (request, text) in enumerate(texts.items()):
+        reference = make_record("reference", request, text, prompt_id=f"p{i}", token_ids=[i])
+        runner.state.records.append(reference)
+        runner.state.sequences.append(ForcedSequence(f"p{i}", (9,), (i,)))
+        other = "changed" if request == "q2" else text
+        runner.state.records.append(make_record("candidate", request, other, token_ids=[7]))
+        if request != "q0":
+            runner.state.aa_records.append(make_record(AA_SIDE, request, text, token_ids=[i]))
+    runner.state.aa_records[0] = make_record(AA_SIDE, "q1", "other", token_ids=[5])
+    assert runner.replay_indices("reference") == [0, 1, 2]
+    assert runner.replay_indices("candidate") == [0, 2]
+    assert runner.replay_indices(AA_SIDE) == [0, 1]
     runner.sink.close()
