@@ -20,7 +20,7 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv browser e2e test test-gpu tiny-model tiny-lm kernel-check bench-client lint format clean
+.PHONY: venv browser e2e test test-gpu tiny-model tiny-lm kernel-check kernel-bench bench-client lint format clean
 
 venv: $(VENV)/.installed
 
@@ -58,6 +58,10 @@ tiny-lm: venv
 
 kernel-check: venv
 	$(PY) -m kernels.check $(ARGS)
+
+# On a CUDA GPU with fla-core installed (H200: bash kernels/gpu_session.sh runs it with the checks).
+kernel-bench: venv
+	$(PY) -m kernels.bench $(ARGS)
 
 bench-client: venv
 	$(PY) benchmarks/bench_client.py $(ARGS)

@@ -1,15 +1,22 @@
 """Time the Triton nsR prefill against FLA at Qwen3.5's GDN shapes (per TP2 rank: 8 key heads,
-32 value heads, K = V = 128) on a CUDA GPU. One run; the numbers that matter are the ratios.
+32 value heads, K = V = 128) on one CUDA GPU. One run; the numbers that matter are the ratios.
 
-    python -m kernels.bench [--csv PATH] [--variants split,split-bv16]
+    python -m kernels.bench [--csv PATH] [--variants default,seg8,...] [--workloads 2k,8k,...]
 
-Both kernels get the same inputs as vLLM's CUDA path gives them: pre-normalised q/k (no
-in-kernel L2 norm), FP32 log decays, V-first FP32 states for nsR (FLA: K-first, its default),
-precomputed chunk indices. Times are medians of triton.testing.do_bench.
+Every kernel gets the inputs vLLM's CUDA path gives it: pre-normalised q/k (no in-kernel L2
+norm), FP32 log decays, FP32 initial states, final states out, precomputed chunk metadata.
+Kernels: FLA (fla-core), vLLM's own FLA copy where vLLM is importable, ns4 under launch-setting
+variants of kernels/ns_triton.py (`default` is what the registry's ns4 runs), ns3 with the
+defaults (the price of the 4th Newton-Schulz round), and ns4's three stages timed alone. Times
+are triton.testing.do_bench medians with the 10th-90th percentile spread; the byte floor is
+each workload's fewest bytes (q, k, v, g, beta, o, initial and final states) over the copy
+bandwidth measured at the start.
 """
 
 import argparse
+import inspect
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,18 +27,28 @@ from kernels import ns_triton
 from kernels.cases import Shape
 
 QWEN35_SHAPE = Shape(heads=8, value_heads=32, head_dim=128)
-WORKLOADS = {"2k": [2048], "8k": [8192], "16k": [16384], "64x128": [128] * 64}
-
-
-# Launch settings tried for ns4 (module attributes of kernels/ns_triton.py); ns3 runs with
-# the defaults, to price the extra NS round.
-VARIANTS = {
-    "split": {},
-    "split-stages1": {"STATE_STAGES": 1},
-    "split-bv16": {"STATE_BLOCK_V": 16},
-    "split-state2warps": {"STATE_NUM_WARPS": 2},
-    "split-out8warps": {"OUTPUT_NUM_WARPS": 8},
+WORKLOADS = {
+    "2k": [2048],
+    "8k": [8192],
+    "16k": [16384],
+    "64x128": [128] * 64,
+    "8x1k": [1024] * 8,
+    "64k": [65536],  # last: the slowest to time
 }
+# Module attributes of kernels/ns_triton.py tried for ns4; "default" leaves them as they are.
+VARIANTS = {
+    "default": {},
+    "neumann-tf32x3": {"NEUMANN_PRECISION": "tf32x3"},
+    "wy-2warps": {"WY_NUM_WARPS": 2},
+    "walk-bv32": {"WALK_BLOCK_V": 32},
+    "walk-bv64": {"WALK_BLOCK_V": 64},
+    "walk-stages2": {"WALK_STAGES": 2},
+    "walk-stages4": {"WALK_STAGES": 4},
+    "walk-8warps": {"WALK_NUM_WARPS": 8},
+    "out-bv64": {"OUTPUT_BLOCK_V": 64},
+    "out-2warps": {"OUTPUT_NUM_WARPS": 2},
+}
+STAGES = ("run_wy", "run_state", "run_output")
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,9 @@ class Timing:
     kernel: str
     variant: str
     median_us: float
+    p10_us: float
+    p90_us: float
+    floor_us: float
     fla_over_kernel: float
 
 
@@ -62,66 +82,202 @@ def bench_inputs(lengths: list[int], shape: Shape, seed: int = 0) -> dict:
         "chunk_indices": ns_triton.prepare_chunk_indices(cu.to(torch.int32)),
         "chunk_offsets": torch.nn.functional.pad(
             torch.cumsum((cu[1:] - cu[:-1] + 63) // 64, 0), (1, 0)
-        ),
+        ).to(torch.int32),
     }
 
 
-def median_us(function) -> float:
+def floor_bytes(lengths: list[int], shape: Shape) -> int:
+    """Each input read once, each output written once: q, k, v, g, beta, o, FP32 states."""
+    t, h, hv, d = sum(lengths), shape.heads, shape.value_heads, shape.head_dim
+    activations = 2 * t * h * d * 2 + 2 * t * hv * d * 2 + t * hv * (4 + 2)
+    return activations + 2 * len(lengths) * hv * d * d * 4
+
+
+def times_us(function: Callable[[], object]) -> tuple[float, float, float]:
+    """(median, 10th, 90th percentile) in microseconds."""
     import triton.testing
 
-    return 1000.0 * triton.testing.do_bench(function, warmup=50, rep=300, return_mode="median")
+    samples = triton.testing.do_bench(function, warmup=25, rep=150, return_mode="all")
+    quantiles = torch.tensor(samples).quantile(torch.tensor([0.5, 0.1, 0.9])).tolist()
+    return tuple(1000.0 * q for q in quantiles)
 
 
-def run_bench(variants: list[str]) -> list[Timing]:
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+def copy_bandwidth() -> float:
+    """Bytes per second of a 2 GiB device-to-device copy (read + write counted)."""
+    source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    target = torch.empty_like(source)
+    median_us = times_us(lambda: target.copy_(source))[0]
+    return 2 * source.numel() / (median_us * 1e-6)
 
-    defaults = {name: getattr(ns_triton, name) for v in VARIANTS.values() for name in v}
-    timings = []
-    for workload, lengths in WORKLOADS.items():
-        x = bench_inputs(lengths, QWEN35_SHAPE)
-        fla_indices = x["chunk_indices"].long()
 
-        def fla(x=x, fla_indices=fla_indices):
-            return fla_chunk(
-                x["q"], x["k"], x["v"], x["g"], x["beta"],
-                initial_state=x["state"], output_final_state=True,
-                cu_seqlens=x["cu_seqlens"].long(), chunk_indices=fla_indices,
-            )  # fmt: skip
+def reference_kernels() -> dict[str, Callable | str]:
+    """FLA (fla-core) and vLLM's FLA copy: the function, or why it is missing."""
+    found: dict[str, Callable | str] = {}
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
 
-        fla_us = median_us(fla)
-        timings.append(Timing(workload, "fla", "-", fla_us, 1.0))
-        runs = [(4, v) for v in variants] + [(3, "split")]
-        for rounds, variant in runs:
-            for name, value in {**defaults, **VARIANTS[variant]}.items():
+        found["fla"] = fla_chunk
+    except ImportError as error:
+        found["fla"] = f"not importable: {error}"
+    try:
+        from vllm.model_executor.layers.fla.ops import chunk_gated_delta_rule as vllm_chunk
+
+        found["vllm-fla"] = vllm_chunk
+    except Exception as error:  # vLLM's import can fail in many ways on a bare machine
+        found["vllm-fla"] = f"not importable: {type(error).__name__}: {error}"
+    return found
+
+
+def reference_call(function: Callable, x: dict) -> Callable[[], object]:
+    """A call of an FLA-shaped function with the metadata it accepts."""
+    accepted = inspect.signature(function).parameters
+    extra = {}
+    if "chunk_indices" in accepted:
+        extra["chunk_indices"] = x["chunk_indices"].long()
+    if "chunk_offsets" in accepted:
+        extra["chunk_offsets"] = x["chunk_offsets"].long()
+    cu_seqlens = x["cu_seqlens"].long()
+    return lambda: function(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["state"],
+        output_final_state=True, cu_seqlens=cu_seqlens, **extra,
+    )  # fmt: skip
+
+
+def candidate_launch(x: dict, rounds: int) -> ns_triton.Launch:
+    return ns_triton.prepare_launch(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["state"],
+        output_final_state=True, cu_seqlens=x["cu_seqlens"], chunk_indices=x["chunk_indices"],
+        chunk_offsets=x["chunk_offsets"], ns_rounds=rounds,
+    )  # fmt: skip
+
+
+def candidate_call(x: dict, rounds: int) -> Callable[[], object]:
+    return lambda: ns_triton.chunk_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["state"],
+        output_final_state=True, cu_seqlens=x["cu_seqlens"], chunk_indices=x["chunk_indices"],
+        chunk_offsets=x["chunk_offsets"], ns_rounds=rounds,
+    )  # fmt: skip
+
+
+def with_settings(settings: dict, function: Callable[[], object]) -> Callable[[], object]:
+    """`function` run with kernels/ns_triton.py's module attributes set to `settings`."""
+
+    def run():
+        saved = {name: getattr(ns_triton, name) for name in settings}
+        for name, value in settings.items():
+            setattr(ns_triton, name, value)
+        try:
+            return function()
+        finally:
+            for name, value in saved.items():
                 setattr(ns_triton, name, value)
 
-            def candidate(x=x, rounds=rounds):
-                return ns_triton.chunk_gated_delta_rule(
-                    x["q"], x["k"], x["v"], x["g"], x["beta"],
-                    initial_state=x["state"], output_final_state=True,
-                    cu_seqlens=x["cu_seqlens"], chunk_indices=x["chunk_indices"],
-                    chunk_offsets=x["chunk_offsets"], ns_rounds=rounds,
-                )  # fmt: skip
+    return run
 
-            us = median_us(candidate)
-            timings.append(Timing(workload, f"ns{rounds}", variant, us, fla_us / us))
-    for name, value in defaults.items():
-        setattr(ns_triton, name, value)
+
+def run_bench(workloads: list[str], variants: list[str], bandwidth: float) -> list[Timing]:
+    references = reference_kernels()
+    for name, found in references.items():
+        if isinstance(found, str):
+            print(f"{name}: {found}", flush=True)
+    timings = []
+    for workload in workloads:
+        timings.extend(bench_workload(workload, references, variants, bandwidth))
+        torch.cuda.empty_cache()
     return timings
+
+
+def bench_workload(
+    workload: str, references: dict, variants: list[str], bandwidth: float
+) -> list[Timing]:
+    lengths = WORKLOADS[workload]
+    x = bench_inputs(lengths, QWEN35_SHAPE)
+    floor_us = 1e6 * floor_bytes(lengths, QWEN35_SHAPE) / bandwidth
+    timings = []
+
+    def record(kernel: str, variant: str, function: Callable[[], object]) -> None:
+        """Time one kernel; one that fails (compile, launch, import) is reported, not fatal,
+        so that one GPU session times everything that does run."""
+        try:
+            median, p10, p90 = times_us(function)
+        except Exception as error:
+            print(f"{workload} {kernel} {variant} FAILED: {type(error).__name__}: {error}")
+            return
+        fla = [t.median_us for t in timings if t.kernel == "fla"]
+        ratio = (fla[0] if fla else float("nan")) / median
+        timings.append(Timing(workload, kernel, variant, median, p10, p90, floor_us, ratio))
+        print(f"{workload:>7} {kernel:>13} {variant:>13} {median:9.1f} us", flush=True)
+
+    for name, found in references.items():
+        if not isinstance(found, str):
+            record(name, "-", reference_call(found, x))
+    for variant in variants:
+        record("ns4", variant, with_settings(VARIANTS[variant], candidate_call(x, 4)))
+    record("ns3", "default", candidate_call(x, 3))
+    launch = candidate_launch(x, 4)
+    for stage in STAGES:
+        getattr(launch, stage)()
+    for stage in STAGES:
+        record(f"ns4:{stage.removeprefix('run_')}", "default", getattr(launch, stage))
+    return timings
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per workload: FLA, vLLM's FLA, ns4 (default), its best variant, ns3, the floor."""
+    rows = []
+    stage_names = [f"ns4:{stage.removeprefix('run_')}" for stage in STAGES]
+    for workload, group in frame.groupby("workload", sort=False):
+
+        def median(kernel: str, variant: str | None = None, group=group) -> float:
+            hit = group[(group.kernel == kernel) & ((variant is None) | (group.variant == variant))]
+            return float(hit.median_us.iloc[0]) if len(hit) else float("nan")
+
+        ns4 = group[group.kernel == "ns4"]
+        best = ns4.loc[ns4.median_us.idxmin()]
+        default = median("ns4", "default")
+        rows.append(
+            {
+                "workload": workload,
+                "floor_us": float(group.floor_us.iloc[0]),
+                "fla_us": median("fla"),
+                "vllm_fla_us": median("vllm-fla"),
+                "ns4_us": default,
+                "fla/ns4": median("fla") / default,
+                "best_variant": best.variant,
+                "best_us": float(best.median_us),
+                "ns3_us": median("ns3", "default"),
+                "ns4/ns3": default / median("ns3", "default"),
+                "wy/state/out_us": "/".join(f"{median(name):.0f}" for name in stage_names),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__)
     parser.add_argument("--csv", type=Path, default=Path("results/kernels/bench.csv"))
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=", ".join(WORKLOADS))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    frame = pd.DataFrame(asdict(t) for t in run_bench(args.variants.split(",")))
+    variants, workloads = args.variants.split(","), args.workloads.split(",")
+    unknown = [v for v in variants if v not in VARIANTS] + [
+        w for w in workloads if w not in WORKLOADS
+    ]
+    if unknown:
+        parser.error(f"unknown variants/workloads: {', '.join(unknown)}")
+    bandwidth = copy_bandwidth()
+    frame = pd.DataFrame(asdict(t) for t in run_bench(workloads, variants, bandwidth))
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.csv, index=False)
-    print(f"{torch.cuda.get_device_name()}; shapes H=8 HV=32 K=V=128")
-    print(frame.to_string(index=False, float_format="%.3g"))
+    with pd.option_context("display.width", 250, "display.max_rows", None):
+        print(frame.to_string(index=False, float_format="%.4g"))
+        print(
+            f"\n{torch.cuda.get_device_name()}; H=8 HV=32 K=V=128; copy bandwidth "
+            f"{bandwidth / 1e12:.2f} TB/s; CSV: {args.csv}"
+        )
+        print(summary(frame).to_string(index=False, float_format="%.3g"))
     return 0
 
 

@@ -2,22 +2,22 @@
 
 `chunk_gated_delta_rule` takes what vLLM's CUDA path passes to FLA's `chunk_gated_delta_rule`
 (q/k [B, T, H, K], v [B, T, HV, V], g and beta [B, T, HV], states [N, HV, V, K] V-first as
-vLLM keeps them, cu_seqlens, precomputed chunk_indices, optional core_attn_out) and returns
-(o [B, T, HV, V], final state [N, HV, V, K] float32 or None).
+vLLM keeps them, cu_seqlens, precomputed chunk_indices and chunk_offsets, optional
+core_attn_out) and returns (o [B, T, HV, V], final state [N, HV, V, K] float32 or None).
 
-Three launches:
+Three launches, no host sync when vLLM's chunk metadata is given:
   1. `_wy_kernel`, one program per (chunk, value head): chunk-local cumulative decay, the
      within-chunk A, its unit lower-triangular inverse (BF16 Newton-Schulz on the 16x16
-     diagonal blocks, then a Neumann series over the off-diagonal blocks, exact after 3 terms
-     because they are strictly block-lower), and the WY vectors w, u.
-  2. `_state_kernel`, one program per (sequence, value head, BV columns of V): the only
-     sequential walk over chunks, FP32 state in registers; stores each chunk's starting state
-     (BF16) and v_new.
+     diagonal blocks -- the nsR rounds -- then a Neumann series over the off-diagonal blocks,
+     exact after 3 terms because they are strictly block-lower), and the WY vectors w, u.
+  2. `_walk_kernel`, one program per (BV columns of V, sequence, value head): the only
+     sequential walk over chunks. The FP32 state is held as two 64-row halves of K, so each
+     chunk's products are two independent dot chains; loads feed the dots as BF16 and are
+     software-pipelined (`WALK_STAGES`). Stores each chunk's starting state (BF16) and v_new.
   3. `_output_kernel`, one program per (chunk, value head): the output, fully parallel.
-(Doing 2 and 3 in one walk moved fewer bytes but lengthened the sequential path: 1.2-1.3x
-slower at 8K-16K tokens on an H200, see kernels/bench.py.)
-Same numerics as kernels/ns_torch.py for the inverse; dots elsewhere take BF16 operands with
-FP32 accumulation, as FLA's do.
+The launch settings below are what the H200 bench picked (kernels/README.md); kernels/bench.py
+times the alternatives. Dots take BF16 operands with FP32 accumulation, as FLA's do; the
+Neumann products take TF32 (`NEUMANN_PRECISION`).
 """
 
 import functools
@@ -27,16 +27,17 @@ import triton
 import triton.language as tl
 
 CHUNK = 64
-# Launch settings; kernels/bench.py times the alternatives.
 WY_NUM_WARPS = 4
-STATE_NUM_WARPS = 4
+NEUMANN_PRECISION = "tf32"
+WALK_BLOCK_V = None  # None: by occupancy (_walk_block_v)
+WALK_NUM_WARPS = 4
+WALK_STAGES = 3
+OUTPUT_BLOCK_V = None  # None: all of V
 OUTPUT_NUM_WARPS = 4
-STATE_STAGES = 2
-STATE_BLOCK_V = None  # None: by occupancy (_value_block)
 
 
 @triton.jit
-def _unit_lower_inverse(strict_lower, NS_ROUNDS: tl.constexpr):
+def _unit_lower_inverse(strict_lower, NS_ROUNDS: tl.constexpr, PRECISION: tl.constexpr):
     """Inverse of I + A for a 64x64 strictly lower A held in registers (FP32 in, FP32 out).
 
     Newton-Schulz on the block-diagonal part runs on the whole 64x64 tile: products of
@@ -53,107 +54,81 @@ def _unit_lower_inverse(strict_lower, NS_ROUNDS: tl.constexpr):
         product = tl.dot(m, x).to(tl.bfloat16)
         x = tl.dot(x, (2.0 * eye - product.to(tl.float32)).to(tl.bfloat16)).to(tl.bfloat16)
     block_inverse = x.to(tl.float32)
-    z = tl.dot(block_inverse, across, input_precision="tf32x3")
+    z = tl.dot(block_inverse, across, input_precision=PRECISION)
     series = eye - z
-    series = eye - tl.dot(z, series, input_precision="tf32x3")
-    series = eye - tl.dot(z, series, input_precision="tf32x3")
-    return tl.dot(series, block_inverse, input_precision="tf32x3")
+    series = eye - tl.dot(z, series, input_precision=PRECISION)
+    series = eye - tl.dot(z, series, input_precision=PRECISION)
+    return tl.dot(series, block_inverse, input_precision=PRECISION)
 
 
 @triton.jit
-def _load_rows(ptr, rows, valid, head, NUM_HEADS: tl.constexpr, DIM: tl.constexpr):
-    """Rows [64, DIM] of token-major [T, NUM_HEADS, DIM] for one head, FP32, zero-padded."""
-    cols = tl.arange(0, DIM)
-    offsets = (rows[:, None] * NUM_HEADS + head) * DIM + cols[None, :]
-    return tl.load(ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+def _l2_normalised(x, eps):
+    """Rows of a BF16 tile scaled to unit L2 norm (FP32 arithmetic, BF16 result)."""
+    wide = x.to(tl.float32)
+    return (wide * tl.rsqrt(tl.sum(wide * wide, axis=1) + eps)[:, None]).to(tl.bfloat16)
 
 
 @triton.jit
-def _l2_normalise(x, eps):
-    return x * tl.rsqrt(tl.sum(x * x, axis=1) + eps)[:, None]
-
-
-@triton.jit
-def _wy_kernel(
-    k_ptr,
-    v_ptr,
-    g_ptr,
-    beta_ptr,
-    cum_decay_ptr,
-    w_ptr,
-    u_ptr,
-    cu_seqlens_ptr,
-    chunk_indices_ptr,
-    eps,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    NS_ROUNDS: tl.constexpr,
-    USE_L2NORM: tl.constexpr,
-):
-    chunk = tl.program_id(0)
-    value_head = tl.program_id(1)
-    key_head = value_head // (HV // H)
+def _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk):
+    """(first row, rows of this chunk, which of them are in the sequence) for chunk `chunk`."""
     seq = tl.load(chunk_indices_ptr + 2 * chunk).to(tl.int64)
     chunk_in_seq = tl.load(chunk_indices_ptr + 2 * chunk + 1).to(tl.int64)
     bos = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
     eos = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
-    r = tl.arange(0, 64)
-    rows = bos + chunk_in_seq * 64 + r
-    valid = rows < eos
+    start = bos + chunk_in_seq * 64
+    rows = start + tl.arange(0, 64)
+    return start, eos, rows, rows < eos
 
-    keys = _load_rows(k_ptr, rows, valid, key_head, H, K)
+
+@triton.jit
+def _wy_kernel(
+    k_ptr, v_ptr, g_ptr, beta_ptr, cum_decay_ptr, w_ptr, u_ptr, cu_seqlens_ptr,
+    chunk_indices_ptr, eps,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    NS_ROUNDS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    value_head = tl.program_id(1)
+    key_head = value_head // (HV // H)
+    _, _, rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, tl.program_id(0))
+    cols_k = tl.arange(0, K)
+    cols_v = tl.arange(0, V)
+    keys = tl.load(
+        k_ptr + (rows[:, None] * H + key_head) * K + cols_k[None, :], mask=valid[:, None], other=0.0
+    )
     if USE_L2NORM:
-        keys = _l2_normalise(keys, eps)
-    keys = keys.to(tl.bfloat16).to(tl.float32)
-    values = _load_rows(v_ptr, rows, valid, value_head, HV, V)
+        keys = _l2_normalised(keys, eps)
+    value_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
+    values = tl.load(v_ptr + value_offsets, mask=valid[:, None], other=0.0)
     g = tl.load(g_ptr + rows * HV + value_head, mask=valid, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + rows * HV + value_head, mask=valid, other=0.0).to(tl.float32)
     cum_decay = tl.cumsum(g, axis=0)
     tl.store(cum_decay_ptr + rows * HV + value_head, cum_decay, mask=valid)
 
+    r = tl.arange(0, 64)
     strictly_causal = r[:, None] > r[None, :]
-    log_decay = tl.where(strictly_causal, cum_decay[:, None] - cum_decay[None, :], 0.0)
-    key_products = tl.dot(keys.to(tl.bfloat16), tl.trans(keys.to(tl.bfloat16)))
-    strict_lower = tl.where(strictly_causal, key_products * tl.exp(log_decay), 0.0)
-    inverse = _unit_lower_inverse(strict_lower * beta[:, None], NS_ROUNDS).to(tl.bfloat16)
-
-    w = tl.dot(inverse, (keys * (beta * tl.exp(cum_decay))[:, None]).to(tl.bfloat16))
-    u = tl.dot(inverse, (values * beta[:, None]).to(tl.bfloat16))
-    cols_k = tl.arange(0, K)
-    cols_v = tl.arange(0, V)
+    decayed = tl.dot(keys, tl.trans(keys)) * tl.exp(cum_decay[:, None] - cum_decay[None, :])
+    strict_lower = tl.where(strictly_causal, decayed, 0.0)
+    inverse = _unit_lower_inverse(strict_lower * beta[:, None], NS_ROUNDS, PRECISION)
+    inverse = inverse.to(tl.bfloat16)
+    key_weights = beta * tl.exp(cum_decay)
+    w = tl.dot(inverse, (keys.to(tl.float32) * key_weights[:, None]).to(tl.bfloat16))
+    u = tl.dot(inverse, (values.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
     w_offsets = (rows[:, None] * HV + value_head) * K + cols_k[None, :]
-    u_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
     tl.store(w_ptr + w_offsets, w.to(tl.bfloat16), mask=valid[:, None])
-    tl.store(u_ptr + u_offsets, u.to(tl.bfloat16), mask=valid[:, None])
+    tl.store(u_ptr + value_offsets, u.to(tl.bfloat16), mask=valid[:, None])
 
 
 @triton.jit
-def _state_kernel(
-    k_ptr,
-    w_ptr,
-    u_ptr,
-    cum_decay_ptr,
-    initial_state_ptr,
-    final_state_ptr,
-    chunk_states_ptr,
-    v_new_ptr,
-    cu_seqlens_ptr,
-    chunk_offsets_ptr,
-    eps,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BV: tl.constexpr,
-    HAS_INITIAL_STATE: tl.constexpr,
-    STORE_FINAL_STATE: tl.constexpr,
-    USE_L2NORM: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    """The only sequential part: per chunk, v_new = u - w h and h <- decay h + k^T v_new.
-    Stores h at each chunk's start (BF16, [chunks, HV, K, V]) and v_new for the output pass."""
+def _walk_kernel(
+    k_ptr, w_ptr, u_ptr, cum_decay_ptr, initial_state_ptr, final_state_ptr, chunk_states_ptr,
+    v_new_ptr, cu_seqlens_ptr, chunk_offsets_ptr, eps,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    USE_L2NORM: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """Per chunk: v_new = u - w h, then h <- exp(G_last) h + (k exp(G_last - G))^T v_new.
+
+    h is [K, BV] FP32 in two halves of 64 rows of K (the second unused when K = 64)."""
     v_block = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     value_head = tl.program_id(2)
@@ -161,98 +136,98 @@ def _state_kernel(
     bos = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
     eos = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
     first_chunk = tl.load(chunk_offsets_ptr + seq).to(tl.int64)
-    cols_k = tl.arange(0, K)
+    half = tl.arange(0, 64)
     cols_v = v_block * BV + tl.arange(0, BV)
-    state_offsets = (seq * HV + value_head) * V * K + cols_v[None, :] * K + cols_k[:, None]
-    state = tl.zeros([K, BV], dtype=tl.float32)
+    state_base = (seq * HV + value_head) * V * K  # [N, HV, V, K], V-first
+    upper = tl.zeros([64, BV], dtype=tl.float32)
+    lower = tl.zeros([64, BV], dtype=tl.float32)
     if HAS_INITIAL_STATE:
-        state = tl.load(initial_state_ptr + state_offsets).to(tl.float32)
+        upper = tl.load(initial_state_ptr + state_base + cols_v[None, :] * K + half[:, None])
+        if K == 128:
+            state_lower = cols_v[None, :] * K + 64 + half[:, None]
+            lower = tl.load(initial_state_ptr + state_base + state_lower)
+        upper = upper.to(tl.float32)
+        lower = lower.to(tl.float32)
 
-    r = tl.arange(0, 64)
     for chunk in tl.range(0, tl.cdiv(eos - bos, 64), num_stages=STAGES):
         start = bos + chunk * 64
-        rows = start + r
+        rows = start + half
         valid = rows < eos
         last_decay = tl.load(cum_decay_ptr + tl.minimum(start + 63, eos - 1) * HV + value_head)
         cum_decay = tl.load(cum_decay_ptr + rows * HV + value_head, mask=valid, other=0.0)
-        cum_decay = tl.where(valid, cum_decay, last_decay)
-        keys = _load_rows(k_ptr, rows, valid, key_head, H, K)
+        w_rows = w_ptr + (rows[:, None] * HV + value_head) * K
+        k_rows = k_ptr + (rows[:, None] * H + key_head) * K
+        v_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
+        w_upper = tl.load(w_rows + half[None, :], mask=valid[:, None], other=0.0)
+        k_upper = tl.load(k_rows + half[None, :], mask=valid[:, None], other=0.0)
+        u = tl.load(u_ptr + v_offsets, mask=valid[:, None], other=0.0)
+        chunk_state = chunk_states_ptr + ((first_chunk + chunk) * HV + value_head) * K * V
+        upper_bf16 = upper.to(tl.bfloat16)
+        tl.store(chunk_state + half[:, None] * V + cols_v[None, :], upper_bf16)
+        product = tl.dot(w_upper, upper_bf16)
+        key_scale = tl.exp(last_decay - cum_decay)
+        if K == 128:
+            w_lower = tl.load(w_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
+            k_lower = tl.load(k_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
+            lower_bf16 = lower.to(tl.bfloat16)
+            tl.store(chunk_state + (64 + half[:, None]) * V + cols_v[None, :], lower_bf16)
+            product = tl.dot(w_lower, lower_bf16, product)
         if USE_L2NORM:
-            keys = _l2_normalise(keys, eps)
-        keys = keys.to(tl.bfloat16).to(tl.float32)
-        w = _load_rows(w_ptr, rows, valid, value_head, HV, K).to(tl.bfloat16)
-        u_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
-        u = tl.load(u_ptr + u_offsets, mask=valid[:, None], other=0.0).to(tl.float32)
-
-        state_bf16 = state.to(tl.bfloat16)
-        chunk_state_offsets = (
-            ((first_chunk + chunk) * HV + value_head) * K * V
-            + cols_k[:, None] * V
-            + cols_v[None, :]
-        )
-        tl.store(chunk_states_ptr + chunk_state_offsets, state_bf16)
-        v_new = (u - tl.dot(w, state_bf16)).to(tl.bfloat16)
-        tl.store(v_new_ptr + u_offsets, v_new, mask=valid[:, None])
-        keys_to_end = (keys * tl.exp(last_decay - cum_decay)[:, None]).to(tl.bfloat16)
-        state = state * tl.exp(last_decay) + tl.dot(tl.trans(keys_to_end), v_new)
+            k_wide = k_upper.to(tl.float32)
+            squares = tl.sum(k_wide * k_wide, axis=1)
+            if K == 128:
+                k_wide = k_lower.to(tl.float32)
+                squares += tl.sum(k_wide * k_wide, axis=1)
+            key_scale = key_scale * tl.rsqrt(squares + eps)
+        v_new = (u.to(tl.float32) - product).to(tl.bfloat16)
+        tl.store(v_new_ptr + v_offsets, v_new, mask=valid[:, None])
+        decay = tl.exp(last_decay)
+        k_to_end = (k_upper.to(tl.float32) * key_scale[:, None]).to(tl.bfloat16)
+        upper = upper * decay + tl.dot(tl.trans(k_to_end), v_new)
+        if K == 128:
+            k_to_end = (k_lower.to(tl.float32) * key_scale[:, None]).to(tl.bfloat16)
+            lower = lower * decay + tl.dot(tl.trans(k_to_end), v_new)
 
     if STORE_FINAL_STATE:
-        tl.store(final_state_ptr + state_offsets, state)
+        tl.store(final_state_ptr + state_base + cols_v[None, :] * K + half[:, None], upper)
+        if K == 128:
+            state_lower = cols_v[None, :] * K + 64 + half[:, None]
+            tl.store(final_state_ptr + state_base + state_lower, lower)
 
 
 @triton.jit
 def _output_kernel(
-    q_ptr,
-    k_ptr,
-    cum_decay_ptr,
-    chunk_states_ptr,
-    v_new_ptr,
-    o_ptr,
-    cu_seqlens_ptr,
-    chunk_indices_ptr,
-    scale,
-    eps,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
+    q_ptr, k_ptr, cum_decay_ptr, chunk_states_ptr, v_new_ptr, o_ptr, cu_seqlens_ptr,
+    chunk_indices_ptr, scale, eps,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr,
-):
+):  # fmt: skip
     """o = scale (exp(G) q h + causal(q k^T exp(G_i - G_j)) v_new), one chunk per program."""
     chunk = tl.program_id(0)
     value_head = tl.program_id(1)
     key_head = value_head // (HV // H)
-    seq = tl.load(chunk_indices_ptr + 2 * chunk).to(tl.int64)
-    chunk_in_seq = tl.load(chunk_indices_ptr + 2 * chunk + 1).to(tl.int64)
-    bos = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
-    eos = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
-    r = tl.arange(0, 64)
-    start = bos + chunk_in_seq * 64
-    rows = start + r
-    valid = rows < eos
-    last_decay = tl.load(cum_decay_ptr + tl.minimum(start + 63, eos - 1) * HV + value_head)
-    cum_decay = tl.load(cum_decay_ptr + rows * HV + value_head, mask=valid, other=0.0)
-    cum_decay = tl.where(valid, cum_decay, last_decay)
-    queries = _load_rows(q_ptr, rows, valid, key_head, H, K)
-    keys = _load_rows(k_ptr, rows, valid, key_head, H, K)
-    if USE_L2NORM:
-        queries = _l2_normalise(queries, eps)
-        keys = _l2_normalise(keys, eps)
-    queries = queries.to(tl.bfloat16)
-    keys = keys.to(tl.bfloat16)
-    v_new = _load_rows(v_new_ptr, rows, valid, value_head, HV, V).to(tl.bfloat16)
+    _, _, rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk)
     cols_k = tl.arange(0, K)
-    cols_v = tl.arange(0, V)
-    chunk_state_offsets = (chunk * HV + value_head) * K * V + cols_k[:, None] * V + cols_v[None, :]
-    chunk_state = tl.load(chunk_states_ptr + chunk_state_offsets)
+    cols_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    cum_decay = tl.load(cum_decay_ptr + rows * HV + value_head, mask=valid, other=0.0)
+    qk_offsets = (rows[:, None] * H + key_head) * K + cols_k[None, :]
+    queries = tl.load(q_ptr + qk_offsets, mask=valid[:, None], other=0.0)
+    keys = tl.load(k_ptr + qk_offsets, mask=valid[:, None], other=0.0)
+    if USE_L2NORM:
+        queries = _l2_normalised(queries, eps)
+        keys = _l2_normalised(keys, eps)
+    v_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
+    v_new = tl.load(v_new_ptr + v_offsets, mask=valid[:, None], other=0.0)
+    state_offsets = (chunk * HV + value_head) * K * V + cols_k[:, None] * V + cols_v[None, :]
+    chunk_state = tl.load(chunk_states_ptr + state_offsets)
 
+    r = tl.arange(0, 64)
     causal = r[:, None] >= r[None, :]
-    log_decay = tl.where(causal, cum_decay[:, None] - cum_decay[None, :], 0.0)
-    scores = tl.where(causal, tl.dot(queries, tl.trans(keys)) * tl.exp(log_decay), 0.0)
+    decayed = tl.dot(queries, tl.trans(keys)) * tl.exp(cum_decay[:, None] - cum_decay[None, :])
+    scores = tl.where(causal, decayed, 0.0)
     out = tl.dot(queries, chunk_state) * tl.exp(cum_decay)[:, None]
     out = (out + tl.dot(scores.to(tl.bfloat16), v_new)) * scale
-    o_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
-    tl.store(o_ptr + o_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(o_ptr + v_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 def prepare_chunk_indices(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -264,7 +239,115 @@ def prepare_chunk_indices(cu_seqlens: torch.Tensor) -> torch.Tensor:
     return indices.to(cu_seqlens.device)
 
 
-def chunk_gated_delta_rule(
+class Launch:
+    """One call's buffers and its three launches, so that the bench can time each stage."""
+
+    def __init__(
+        self, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+        chunk_indices, chunk_offsets, use_qk_l2norm_in_kernel, core_attn_out, ns_rounds,
+        l2norm_eps,
+    ) -> None:  # fmt: skip
+        batch, seq_len, num_heads, head_k_dim = q.shape
+        num_value_heads, head_v_dim = v.shape[2], v.shape[3]
+        if (
+            num_value_heads % num_heads
+            or head_k_dim not in (64, 128)
+            or head_v_dim not in (64, 128)
+        ):
+            raise ValueError(f"unsupported GDN shapes q={tuple(q.shape)} v={tuple(v.shape)}")
+        if cu_seqlens is None:
+            cu_seqlens = torch.arange(0, batch + 1, device=q.device, dtype=torch.int32) * seq_len
+        elif batch != 1:
+            raise ValueError("with cu_seqlens the batch size must be 1")
+        if chunk_indices is None:
+            chunk_indices = prepare_chunk_indices(cu_seqlens)
+        if chunk_offsets is None:
+            chunks_per_seq = (cu_seqlens[1:] - cu_seqlens[:-1] + CHUNK - 1) // CHUNK
+            chunk_offsets = torch.nn.functional.pad(torch.cumsum(chunks_per_seq, 0), (1, 0))
+        num_tokens = batch * seq_len
+        self.out_shape = (batch, seq_len, num_value_heads, head_v_dim)
+        self.out_dtype = q.dtype
+        self.q, self.k, self.v = (
+            x.reshape(num_tokens, x.shape[2], x.shape[3]).contiguous() for x in (q, k, v)
+        )
+        self.g = g.reshape(num_tokens, num_value_heads).contiguous()
+        self.beta = beta.reshape(num_tokens, num_value_heads).contiguous()
+        self.cu_seqlens = cu_seqlens
+        self.chunk_indices = chunk_indices.contiguous()
+        self.chunk_offsets = chunk_offsets.contiguous()
+        self.scale = head_k_dim**-0.5 if scale is None else scale
+        self.num_seqs = cu_seqlens.numel() - 1
+        self.num_chunks = chunk_indices.shape[0]
+        device = q.device
+        self.cum_decay = torch.empty(num_tokens, num_value_heads, device=device)
+        self.w = torch.empty(
+            num_tokens, num_value_heads, head_k_dim, device=device, dtype=torch.bfloat16
+        )
+        self.u = torch.empty(
+            num_tokens, num_value_heads, head_v_dim, device=device, dtype=torch.bfloat16
+        )
+        self.v_new = torch.empty_like(self.u)
+        self.chunk_states = torch.empty(
+            self.num_chunks, num_value_heads, head_k_dim, head_v_dim,
+            device=device, dtype=torch.bfloat16,
+        )  # fmt: skip
+        if core_attn_out is not None:
+            self.o = core_attn_out.reshape(-1)[: self.v.numel()].view(self.v.shape)
+        else:
+            self.o = torch.empty_like(self.v)
+        self.initial_state = initial_state.contiguous() if initial_state is not None else None
+        self.final_state = (
+            torch.empty(self.num_seqs, num_value_heads, head_v_dim, head_k_dim, device=device)
+            if output_final_state
+            else None
+        )
+        self.ns_rounds = ns_rounds
+        self.eps = l2norm_eps
+        self.shapes = dict(
+            H=num_heads,
+            HV=num_value_heads,
+            K=head_k_dim,
+            V=head_v_dim,
+            USE_L2NORM=use_qk_l2norm_in_kernel,
+        )
+
+    def run_wy(self) -> None:
+        _wy_kernel[(self.num_chunks, self.shapes["HV"])](
+            self.k, self.v, self.g, self.beta, self.cum_decay, self.w, self.u, self.cu_seqlens,
+            self.chunk_indices, self.eps, **self.shapes, NS_ROUNDS=self.ns_rounds,
+            PRECISION=NEUMANN_PRECISION, num_warps=WY_NUM_WARPS,
+        )  # fmt: skip
+
+    def run_state(self) -> None:
+        head_v_dim = self.shapes["V"]
+        block_v = WALK_BLOCK_V or _walk_block_v(
+            self.num_seqs * self.shapes["HV"], head_v_dim, self.q.device
+        )
+        placeholder = self.cum_decay  # never read or written when its flag is off
+        _walk_kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
+            self.k, self.w, self.u, self.cum_decay,
+            placeholder if self.initial_state is None else self.initial_state,
+            placeholder if self.final_state is None else self.final_state,
+            self.chunk_states, self.v_new, self.cu_seqlens, self.chunk_offsets, self.eps,
+            **self.shapes, BV=block_v, HAS_INITIAL_STATE=self.initial_state is not None,
+            STORE_FINAL_STATE=self.final_state is not None, STAGES=WALK_STAGES,
+            num_warps=WALK_NUM_WARPS,
+        )  # fmt: skip
+
+    def run_output(self) -> None:
+        block_v = OUTPUT_BLOCK_V or self.shapes["V"]
+        grid = (self.num_chunks, self.shapes["HV"], self.shapes["V"] // block_v)
+        _output_kernel[grid](
+            self.q, self.k, self.cum_decay, self.chunk_states, self.v_new, self.o,
+            self.cu_seqlens, self.chunk_indices, self.scale, self.eps, **self.shapes,
+            BV=block_v, num_warps=OUTPUT_NUM_WARPS,
+        )  # fmt: skip
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.o.view(self.out_shape).to(self.out_dtype), self.final_state
+
+
+def prepare_launch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -281,102 +364,29 @@ def chunk_gated_delta_rule(
     *,
     ns_rounds: int = 4,
     l2norm_eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """nsR GDN prefill with the arguments and results of vLLM's FLA `chunk_gated_delta_rule`.
-
-    chunk_indices [chunks, 2] and chunk_offsets [N + 1] are FLA's chunk metadata (vLLM
-    precomputes them; computed here when absent, chunk_indices with a host sync).
-    """
-    batch, seq_len, num_heads, head_k_dim = q.shape
-    num_value_heads, head_v_dim = v.shape[2], v.shape[3]
-    if num_value_heads % num_heads or head_k_dim not in (64, 128) or head_v_dim not in (64, 128):
-        raise ValueError(f"unsupported GDN shapes q={tuple(q.shape)} v={tuple(v.shape)}")
-    if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, batch + 1, device=q.device, dtype=torch.int32) * seq_len
-    elif batch != 1:
-        raise ValueError("with cu_seqlens the batch size must be 1")
-    num_seqs = cu_seqlens.numel() - 1
-    if chunk_indices is None:
-        chunk_indices = prepare_chunk_indices(cu_seqlens)
-    scale = head_k_dim**-0.5 if scale is None else scale
-    num_tokens = batch * seq_len
-    q, k, v = (x.reshape(num_tokens, x.shape[2], x.shape[3]).contiguous() for x in (q, k, v))
-    g = g.reshape(num_tokens, num_value_heads).contiguous()
-    beta = beta.reshape(num_tokens, num_value_heads).contiguous()
-    chunk_indices = chunk_indices.contiguous()
-
-    cum_decay = torch.empty(num_tokens, num_value_heads, device=q.device, dtype=torch.float32)
-    w = torch.empty(num_tokens, num_value_heads, head_k_dim, device=q.device, dtype=torch.bfloat16)
-    u = torch.empty(num_tokens, num_value_heads, head_v_dim, device=q.device, dtype=torch.bfloat16)
-    _wy_kernel[(chunk_indices.shape[0], num_value_heads)](
-        k,
-        v,
-        g,
-        beta,
-        cum_decay,
-        w,
-        u,
-        cu_seqlens,
-        chunk_indices,
-        l2norm_eps,
-        H=num_heads,
-        HV=num_value_heads,
-        K=head_k_dim,
-        V=head_v_dim,
-        NS_ROUNDS=ns_rounds,
-        USE_L2NORM=use_qk_l2norm_in_kernel,
-        num_warps=WY_NUM_WARPS,
-    )
-
-    if core_attn_out is not None:
-        o = core_attn_out.reshape(-1)[: v.numel()].view(v.shape)
-    else:
-        o = torch.empty_like(v)
-    final_state = (
-        torch.empty(num_seqs, num_value_heads, head_v_dim, head_k_dim, device=q.device)
-        if output_final_state
-        else None
-    )
-    states_in = initial_state.contiguous() if initial_state is not None else cum_decay
-    states_out = final_state if final_state is not None else cum_decay
-    block_v = STATE_BLOCK_V or _value_block(num_seqs * num_value_heads, head_v_dim, q.device)
-    state_grid = (head_v_dim // block_v, num_seqs, num_value_heads)
-    flags = dict(
-        H=num_heads,
-        HV=num_value_heads,
-        K=head_k_dim,
-        V=head_v_dim,
-        USE_L2NORM=use_qk_l2norm_in_kernel,
-    )
-    state_flags = dict(
-        BV=block_v,
-        HAS_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=final_state is not None,
-        num_warps=STATE_NUM_WARPS,
-    )
-    if chunk_offsets is None:
-        chunks_per_seq = (cu_seqlens[1:] - cu_seqlens[:-1] + CHUNK - 1) // CHUNK
-        chunk_offsets = torch.nn.functional.pad(torch.cumsum(chunks_per_seq, 0), (1, 0))
-    num_chunks = chunk_indices.shape[0]
-    chunk_states = torch.empty(
-        num_chunks, num_value_heads, head_k_dim, head_v_dim, device=q.device, dtype=torch.bfloat16
-    )
-    v_new = torch.empty_like(u)
-    _state_kernel[state_grid](
-        k, w, u, cum_decay, states_in, states_out, chunk_states, v_new, cu_seqlens,
-        chunk_offsets.contiguous(), l2norm_eps, **flags, **state_flags, STAGES=STATE_STAGES,
+) -> Launch:
+    return Launch(
+        q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices,
+        chunk_offsets, use_qk_l2norm_in_kernel, core_attn_out, ns_rounds, l2norm_eps,
     )  # fmt: skip
-    _output_kernel[(num_chunks, num_value_heads)](
-        q, k, cum_decay, chunk_states, v_new, o, cu_seqlens, chunk_indices, scale, l2norm_eps,
-        **flags, num_warps=OUTPUT_NUM_WARPS,
-    )  # fmt: skip
-    return o.view(batch, seq_len, num_value_heads, head_v_dim).to(q.dtype), final_state
 
 
-def _value_block(programs_per_block: int, head_v_dim: int, device: torch.device) -> int:
-    """Columns of V per program: narrower when few sequences x heads would leave SMs idle."""
+def chunk_gated_delta_rule(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """nsR GDN prefill with the arguments and results of vLLM's FLA `chunk_gated_delta_rule`
+    (see `prepare_launch`; chunk_indices [chunks, 2] and chunk_offsets [N + 1] are FLA's chunk
+    metadata, computed here when absent, chunk_indices with a host sync)."""
+    launch = prepare_launch(*args, **kwargs)
+    launch.run_wy()
+    launch.run_state()
+    launch.run_output()
+    return launch.result()
+
+
+def _walk_block_v(programs_per_block: int, head_v_dim: int, device: torch.device) -> int:
+    """Columns of V per walk program: 32 when 64-column programs would leave SMs idle (one
+    long sequence), else 64 (fewer re-reads of k and w). Picked on the H200 bench."""
     if device.type != "cuda":
-        return head_v_dim
+        return min(64, head_v_dim)
     sms = _multiprocessors(device.index if device.index is not None else 0)
     return 32 if programs_per_block * (head_v_dim // 64) < sms else 64
 

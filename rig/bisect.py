@@ -37,9 +37,11 @@ from kernels.runners import (
     recurrence_runner,
     reference_runner,
 )
+from rig.hardware import Hardware
 from rig.load import RequestRecord, ServerTarget, SideJob, run_level
 from rig.scenario import SIDES, Scenario
-from rig.servers import Hardware, ServerError, ServerSet, plan_servers
+from rig.server_plan import plan_servers
+from rig.servers import ServerError, ServerSet
 from rig.workload import level_requests, resolve_prompts
 
 CAPTURE_ENV = "RIG_GDN_CAPTURE"

@@ -23,7 +23,7 @@ from rig.prompts import Prompt
 from rig.records import RequestRecord
 from rig.scenario import Scenario
 from rig.secrets import digest, redact_argv, redact_env
-from rig.servers import ServerPlan
+from rig.server_plan import ServerPlan
 from rig.verdict import SideKernel
 from rig.vllm_entry import installed_vllm_version
 

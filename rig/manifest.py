@@ -13,9 +13,10 @@ import platform
 import subprocess
 from pathlib import Path
 
+from rig.hardware import query_gpus
 from rig.scenario import Scenario
 from rig.secrets import redact_argv, redact_env
-from rig.servers import LaunchPlan, query_gpus
+from rig.server_plan import LaunchPlan
 
 
 def _version(distribution: str) -> str | None:

@@ -18,16 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels.backends import UnsupportedVllmError, check_vllm_version
+from rig.hardware import Hardware
 from rig.placement import PlacementError
 from rig.scenario import SIDES, Scenario
-from rig.servers import (
-    Hardware,
-    LaunchPlan,
-    ServerError,
-    ensure_port_free,
-    flashinfer_importable,
-    plan_servers,
-)
+from rig.server_plan import LaunchPlan, flashinfer_importable, plan_servers
+from rig.servers import ServerError, ensure_port_free
 from rig.vllm_entry import installed_vllm_version
 
 GIB = 2**30

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from rig.records import CompletionKey, RequestRecord, TokenLogprob
 from rig.report_format import DASH, check, missing, number
 from rig.report_html import render_html
 from rig.report_mismatches import Decode, mismatch_order
-from rig.servers import JIT_COMPILE
+from rig.server_logs import JIT_COMPILE
 from rig.verdict import SideKernel, Verdict
 
 REPORT_FILES = (
@@ -366,6 +367,13 @@ def _gating(pair: PairResult) -> list[str]:
 
 def drift_frame(drift: list[DriftResult]) -> pd.DataFrame:
     return pd.DataFrame([asdict(d) for d in drift])
+
+
+def remove_report(run_dir: Path) -> None:
+    """Take away a report whose writing was cut short: a run folder holds a whole report or none."""
+    for name in REPORT_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "bench", ignore_errors=True)
 
 
 def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str, Path]:

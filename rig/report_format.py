@@ -1,5 +1,6 @@
 """Formatting shared by the report's HTML parts: numbers with units, ✓/✗, — for a missing
-value, escaped cells with the raw value the sorting script compares."""
+value, escaped text (bidi controls made visible) and cells with the raw value the sorting
+script compares."""
 
 from __future__ import annotations
 
@@ -34,8 +35,16 @@ def check(passed: bool) -> str:
     return "✓" if passed else "✗"
 
 
+# Characters that reorder the text around them (bidi embeddings, overrides, isolates, marks):
+# shown as ⟨U+202E⟩ and so on, so model output cannot rearrange what a reviewer reads.
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_SHOWN_BIDI = {ord(char): f"⟨U+{ord(char):04X}⟩" for char in BIDI_CONTROLS}
+
+
 def esc(value: object) -> str:
-    return html.escape(DASH if missing(value) else str(value), quote=True)
+    """Text for the page, in an element or an attribute: HTML-escaped, bidi controls shown."""
+    text = DASH if missing(value) else str(value)
+    return html.escape(text, quote=True).translate(_SHOWN_BIDI)
 
 
 _TEXT = object()  # a cell sorted by its own text

@@ -11,13 +11,13 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import NoReturn
 
 from kernels.proof import KernelProof, fetch_kernel_proof, read_kernel_proof
 from rig.cache import GoldenCache, GoldenEntry, golden_key
@@ -34,6 +34,8 @@ from rig.drift import (
     replay_selection,
     write_replay,
 )
+from rig.hardware import Hardware
+from rig.interrupts import InterruptsDeferred, interrupts_raise
 from rig.load import run_level
 from rig.manifest import build_manifest
 from rig.perf import perf_frame
@@ -42,17 +44,11 @@ from rig.prefix_cache import read_prefix_cache_counters
 from rig.preflight import PreflightError, preflight, render_plan
 from rig.prompts import Prompt, PromptFileError
 from rig.records import RequestRecord, ServerTarget, SideJob
-from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, write_report
+from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, remove_report, write_report
 from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
-from rig.servers import (
-    ADVISORY_LOG_KINDS,
-    Hardware,
-    LaunchPlan,
-    Server,
-    ServerError,
-    ServerSet,
-    scan_log,
-)
+from rig.server_logs import ADVISORY_LOG_KINDS, scan_log
+from rig.server_plan import LaunchPlan
+from rig.servers import Server, ServerError, ServerSet
 from rig.verdict import Gate, SideKernel, Verdict, decide
 from rig.workload import (
     WorkloadError,
@@ -66,6 +62,7 @@ EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
 AA_SIDE = "reference-aa"
 PREFIX_CACHE_FILE = "prefix_cache.jsonl"
 FAULTS_FILE = "faults.jsonl"
+REPORT_NOTICE = "rig: interrupted while the report is written: finishing it (again to stop at once)"
 
 
 def is_aa_run(scenario: Scenario) -> bool:
@@ -646,8 +643,17 @@ def _check_resumable(run_dir: Path, scenario: Scenario) -> None:
         raise ScenarioError(f"--resume: the scenario differs from the interrupted run's: {changed}")
 
 
-def _raise_interrupt(signum, _frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+def _stop_reporting(run_dir: Path) -> NoReturn:
+    """A second interrupt while the report is written: a report cut short is no report."""
+    remove_report(run_dir)
+    sys.stdout.flush()
+    print(
+        "rig: error: interrupted twice while the report was written: no report kept; every "
+        f"record is in {run_dir / 'requests.jsonl'} (--resume writes the report)",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(EXIT_ERROR)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -694,8 +700,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGHUP, _raise_interrupt)
+    interrupts_raise()
     wall_start = time.monotonic()
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -764,21 +769,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     finally:
         runner.sink.close()
-    runner.state.timings["wall_s"] = time.monotonic() - wall_start
-    if error is None:
-        runner.store_golden()
-    try:
-        write_replay(run_dir / REPLAY_FILE, runner.state.sequences, runner.state.forced)
-        outcome = runner.outcome(error)
-        paths = write_report(outcome)
-    except Exception as exc:  # the raw results are on disk; say where, keep the traceback
-        (run_dir / "report-error.txt").write_text(traceback.format_exc())
-        print(
-            f"rig: error: building the report failed ({type(exc).__name__}: {exc}); raw results "
-            f"kept in {run_dir / 'requests.jsonl'}, traceback in {run_dir / 'report-error.txt'}",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
+    with InterruptsDeferred(REPORT_NOTICE, lambda: _stop_reporting(run_dir)):
+        runner.state.timings["wall_s"] = time.monotonic() - wall_start
+        if error is None:
+            runner.store_golden()
+        try:
+            write_replay(run_dir / REPLAY_FILE, runner.state.sequences, runner.state.forced)
+            outcome = runner.outcome(error)
+            paths = write_report(outcome)
+        except Exception as exc:  # the raw results are on disk; say where, keep the traceback
+            (run_dir / "report-error.txt").write_text(traceback.format_exc())
+            print(
+                f"rig: error: building the report failed ({type(exc).__name__}: {exc}); raw "
+                f"results kept in {run_dir / 'requests.jsonl'}, traceback in "
+                f"{run_dir / 'report-error.txt'}",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
     if runner.golden is not None:
         print(_cost_comparison(runner.golden.timings, runner.state.timings), flush=True)
     print((run_dir / "summary.md").read_text(encoding="utf-8"))

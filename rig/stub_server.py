@@ -13,13 +13,13 @@ connections, invalid UTF-8, U+FFFD, repetition, empty output, divergence), chose
 the body field `stub_fault` or per arrival index by the server option `--fault INDEX=KIND`.
 
 Output is a deterministic function of the prompt, so two stubs answer a request identically
-(unless told to diverge). /metrics imitates vLLM's prefix-cache counters: a request without a
-`cache_salt` whose prompt was seen before counts as a full hit. /stub/log, /stub/reset,
-/stub/hold and /stub/release serve benchmarks.
+(unless told to diverge); so is the teacher-forced replay (/tokenize, `prompt_logprobs`), which
+`--replay-delay-ms` slows down so that a test can interrupt a run inside it. /metrics imitates
+vLLM's prefix-cache counters: a request without a `cache_salt` whose prompt was seen before
+counts as a full hit. /stub/log, /stub/reset, /stub/hold and /stub/release serve benchmarks.
 
-It speaks just enough HTTP/1.1 for OpenAI clients (keep-alive, Content-Length request bodies,
-chunked responses) on raw sockets: an HTTP framework would read the socket for it and hide the
-kernel's time stamps. Not a model of vLLM's performance: only of its wire format and of a
+It speaks just enough HTTP/1.1 for OpenAI clients (rig.stub_wire); what it says is in
+rig.stub_answers. Not a model of vLLM's performance: only of its wire format and of a
 perfectly paced server.
 
     python -m rig.stub_server --port 8001 --ttft-ms 50 --itl-ms 20 --tokens 32
@@ -32,38 +32,21 @@ import asyncio
 import contextlib
 import json
 import socket
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from http import HTTPStatus
-from typing import Literal
 
-from rig.http_client import enable_receive_stamps, recv_stamped
-
-FaultKind = Literal[
-    "http_409",
-    "http_429",
-    "http_500",
-    "hang",  # never answers
-    "stall",  # sends the first token, then nothing, connection kept open
-    "malformed_sse",  # an event whose data is not JSON, after the first token
-    "drop",  # resets the connection half way through the stream
-    "invalid_utf8",  # raw invalid UTF-8 bytes inside one event's JSON string
-    "replacement_char",  # one token whose text is U+FFFD (valid protocol, bad content)
-    "repetition",  # the same token until max_tokens, finish_reason "length"
-    "empty",  # no tokens at all, finish_reason "stop"
-    "diverge",  # different tokens from the middle of the output on
-]
-FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
-VOCAB_SIZE = 1000
-_MAX_REQUEST_BYTES = 64 * 1024 * 1024
-
-
-def token_text(token_id: int) -> str:
-    return f" w{token_id}"
+from rig.http_client import enable_receive_stamps
+from rig.stub_answers import (
+    FAULT_KINDS,
+    EventWriter,
+    count_prompt_tokens,
+    full_response,
+    plan_tokens,
+    tokenize,
+)
+from rig.stub_wire import ClientGone, HttpRequest, Wire, send_error, send_json
 
 
 @dataclass(frozen=True)
@@ -74,6 +57,7 @@ class StubConfig:
     model: str = "stub"
     faults: dict[int, str] = field(default_factory=dict)  # arrival index -> fault kind
     engines: int = 1  # label sets on /metrics, to exercise summing over them
+    replay_delay_s: float = 0.0  # before answering a prompt_logprobs (teacher-forced) request
 
 
 @dataclass
@@ -92,120 +76,6 @@ class StubRequestLog:
     finished: float | None = None  # stream complete, or the stub gave up (disconnect)
     disconnected: bool = False
     held: bool = False  # parked by /stub/hold; `read` is then the release time
-
-
-@dataclass
-class _Request:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    arrived: float
-
-
-class _ClientGone(Exception):
-    """The client closed its connection while the stub was still answering."""
-
-
-class _Wire:
-    """One accepted connection: requests read with the kernel's arrival stamp, responses
-    written in HTTP/1.1 framing."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.loop = asyncio.get_running_loop()
-        self._buffer = b""
-        self._buffer_since = 0.0  # arrival stamp of the oldest unread byte
-        self._eof = False
-        self._readable = asyncio.Event()
-        self.on_eof: asyncio.Task | None = None  # cancelled when the client goes away
-        self.loop.add_reader(sock.fileno(), self._read)
-
-    def _read(self) -> None:
-        while not self._eof:
-            try:
-                data, stamp, _ = recv_stamped(self.sock)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self._eof = True
-                self.loop.remove_reader(self.sock.fileno())
-                if self.on_eof is not None:
-                    self.on_eof.cancel()
-            elif not self._buffer:
-                self._buffer_since = stamp
-            self._buffer += data
-            self._readable.set()
-
-    async def read_request(self) -> _Request | None:
-        """The next request, or None once the client has closed the connection."""
-        while True:
-            head_end = self._buffer.find(b"\r\n\r\n")
-            if head_end >= 0:
-                request = self._parse(head_end)
-                if request is not None:
-                    return request
-            if self._eof:
-                return None
-            if len(self._buffer) > _MAX_REQUEST_BYTES:
-                raise ValueError("request too large")
-            self._readable.clear()
-            await self._readable.wait()
-
-    def _parse(self, head_end: int) -> _Request | None:
-        request_line, *lines = self._buffer[:head_end].decode("latin-1").split("\r\n")
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        end = head_end + 4 + length
-        if len(self._buffer) < end:
-            return None
-        method, target, _ = request_line.split(" ", 2)
-        body, self._buffer = self._buffer[head_end + 4 : end], self._buffer[end:]
-        arrived = self._buffer_since  # the next request's bytes, if any, came with this read
-        return _Request(method, target.split("?", 1)[0], headers, body, arrived)
-
-    async def send(self, data: bytes) -> float:
-        """Write bytes; returns the perf_counter stamp taken right before."""
-        stamp = time.perf_counter()
-        try:
-            await self.loop.sock_sendall(self.sock, data)
-        except OSError as exc:
-            raise _ClientGone from exc
-        return stamp
-
-    async def respond(self, status: int, body: bytes, content_type: str) -> None:
-        reason = HTTPStatus(status).phrase
-        head = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        await self.send(head.encode() + body)
-
-    async def start_stream(self) -> None:
-        head = (
-            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
-        await self.send(head.encode())
-
-    async def send_chunk(self, data: bytes) -> float:
-        return await self.send(b"%x\r\n%s\r\n" % (len(data), data))
-
-    def reset(self) -> None:
-        """Close with a TCP reset, as a crashed server would."""
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.close()
-
-    def close(self) -> None:
-        if not self._eof:
-            self._eof = True
-            self.loop.remove_reader(self.sock.fileno())
-        self.sock.close()
 
 
 class StubServer:
@@ -271,30 +141,33 @@ class StubServer:
             self._spawn(self._serve(sock))
 
     async def _serve(self, sock: socket.socket) -> None:
-        wire = _Wire(sock)
+        wire = Wire(sock)
         try:
             while (request := await wire.read_request()) is not None:
                 if not await self._route(wire, request):
                     break
-        except (asyncio.CancelledError, _ClientGone, ValueError):
+        except (asyncio.CancelledError, ClientGone, ValueError):
             pass
         finally:
             wire.close()
 
-    async def _route(self, wire: _Wire, request: _Request) -> bool:
+    async def _route(self, wire: Wire, request: HttpRequest) -> bool:
         """Answer one request; False when the connection must not be reused."""
         route = (request.method, request.path)
         if request.method == "POST" and request.path in ("/v1/completions", "/v1/chat/completions"):
             return await self._generate(wire, request)
         if route == ("GET", "/metrics"):
             await wire.respond(200, self._metrics_text().encode(), "text/plain; version=0.0.4")
+        elif route == ("POST", "/tokenize"):
+            tokens = tokenize(json.loads(request.body))
+            await send_json(wire, 200, {"count": len(tokens), "tokens": tokens})
         elif route == ("GET", "/health"):
             await wire.respond(200, b"", "text/plain")
         elif route == ("GET", "/v1/models"):
-            await _json(wire, 200, {"object": "list", "data": [{"id": self.config.model}]})
+            await send_json(wire, 200, {"object": "list", "data": [{"id": self.config.model}]})
         elif route == ("GET", "/stub/log"):
             log = [asdict(e) for e in self.log]
-            await _json(wire, 200, {"max_in_flight": self.max_in_flight, "requests": log})
+            await send_json(wire, 200, {"max_in_flight": self.max_in_flight, "requests": log})
         elif route == ("POST", "/stub/reset"):
             self.reset()
             await wire.respond(200, b"", "text/plain")
@@ -305,10 +178,10 @@ class StubServer:
             self._gate.set()
             await wire.respond(200, b"", "text/plain")
         else:
-            await _json(wire, 404, {"error": {"message": f"no route {route}", "code": 404}})
+            await send_json(wire, 404, {"error": {"message": f"no route {route}", "code": 404}})
         return True
 
-    async def _generate(self, wire: _Wire, request: _Request) -> bool:
+    async def _generate(self, wire: Wire, request: HttpRequest) -> bool:
         entry = StubRequestLog(
             index=len(self.log), key="", path=request.path, arrived=request.arrived
         )
@@ -318,7 +191,7 @@ class StubServer:
         wire.on_eof = asyncio.current_task()
         try:
             return await self._answer(wire, request, entry)
-        except (asyncio.CancelledError, _ClientGone):
+        except (asyncio.CancelledError, ClientGone):
             entry.disconnected = True
             return False
         finally:
@@ -326,7 +199,7 @@ class StubServer:
             self.in_flight -= 1
             entry.finished = time.perf_counter()
 
-    async def _answer(self, wire: _Wire, request: _Request, entry: StubRequestLog) -> bool:
+    async def _answer(self, wire: Wire, request: HttpRequest, entry: StubRequestLog) -> bool:
         body = json.loads(request.body)
         if not self._gate.is_set():
             entry.held = True
@@ -337,28 +210,30 @@ class StubServer:
         entry.key = request.headers.get("x-request-id") or entry.cache_salt or f"stub-{entry.index}"
         entry.fault = fault = body.get("stub_fault") or self.config.faults.get(entry.index)
         if fault is not None and fault not in FAULT_KINDS:
-            await _error(wire, 400, f"unknown stub_fault {fault!r}; known: {FAULT_KINDS}")
+            await send_error(wire, 400, f"unknown stub_fault {fault!r}; known: {FAULT_KINDS}")
             return True
         if fault in ("http_409", "http_429", "http_500"):
-            await _error(wire, int(fault[5:]), f"stub fault {fault}")
+            await send_error(wire, int(fault[5:]), f"stub fault {fault}")
             return True
         if fault == "hang":
             await asyncio.sleep(3600)
 
         chat = request.path.endswith("/chat/completions")
         prompt_key = json.dumps(body.get("messages") if chat else body.get("prompt"))
-        prompt_tokens = _count_prompt_tokens(body, chat)
+        prompt_tokens = count_prompt_tokens(body, chat)
         self._count_prefix_cache(entry.index, entry.cache_salt, prompt_key, prompt_tokens)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
         n_tokens = min(max_tokens, self.config.output_tokens)
-        token_ids, finish_reason = _plan_tokens(prompt_key, n_tokens, max_tokens, fault)
+        token_ids, finish_reason = plan_tokens(prompt_key, n_tokens, max_tokens, fault)
+        if body.get("prompt_logprobs") is not None:
+            await asyncio.sleep(self.config.replay_delay_s)
         if not body.get("stream"):
-            answer = _full_response(body, chat, token_ids, finish_reason, prompt_tokens)
-            await _json(wire, 200, answer | {"model": self.config.model})
+            answer = full_response(body, chat, token_ids, finish_reason, prompt_tokens)
+            await send_json(wire, 200, answer | {"model": self.config.model})
             return True
 
         await wire.start_stream()
-        writer = _EventWriter(wire, entry, body, chat, self.config.model)
+        writer = EventWriter(wire, entry.index, entry.sent, body, chat, self.config.model)
         first_due = entry.read + self.config.ttft_s
         if not token_ids:
             await _sleep_until(first_due)
@@ -403,146 +278,6 @@ class StubServer:
                 labels = f'engine="{engine}",model_name="{self.config.model}"'
                 lines.append(f"{name}{{{labels}}} {value}")
         return "\n".join(lines) + "\n"
-
-
-class _EventWriter:
-    """Builds vLLM-shaped SSE chunks; the send stamp goes in last, right before the write."""
-
-    def __init__(
-        self, wire: _Wire, entry: StubRequestLog, body: dict, chat: bool, model: str
-    ) -> None:
-        self.wire = wire
-        self.entry = entry
-        self.body = body
-        self.chat = chat
-        self.model = model
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-stub-{entry.index}"
-        self.as_ids = bool(body.get("return_tokens_as_token_ids"))
-        logprobs = body.get("logprobs")
-        if chat:
-            self.top_k = int(body.get("top_logprobs") or 0) if logprobs else -1
-        else:
-            self.top_k = int(logprobs) if logprobs is not None else -1
-        self.emitted_chars = 0
-        self.tokens_sent = 0
-
-    async def send_token(self, token_id: int, finish_reason: str | None, fault: str | None) -> None:
-        first = self.tokens_sent == 0
-        text = "\ufffd" if fault == "replacement_char" and first else token_text(token_id)
-        delta: dict | str = {"content": text} if self.chat else text
-        extra = {"token_ids": [token_id]} if self.body.get("return_token_ids") else {}
-        if self.top_k >= 0:
-            extra["logprobs"] = self._logprobs(token_id, text)
-        await self.send(delta, finish_reason, extra, corrupt=fault == "invalid_utf8" and first)
-        self.tokens_sent += 1
-        self.emitted_chars += len(text)
-
-    async def send(
-        self,
-        delta: dict | str,
-        finish_reason: str | None,
-        extra: dict | None = None,
-        corrupt: bool = False,
-    ) -> None:
-        choice: dict = {"index": 0}
-        choice.update({"delta": delta} if self.chat else {"text": delta})
-        choice.update(extra or {})
-        choice["finish_reason"] = finish_reason
-        payload = json.dumps(self._chunk([choice])).encode()
-        if corrupt:  # bytes that are not UTF-8, inside the text's JSON string
-            field_start = b'"content": "' if self.chat else b'"text": "'
-            payload = payload.replace(field_start, field_start + b"\xff\xfe", 1)
-        self.entry.sent.append(await self._send_stamped(payload))
-
-    async def send_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-        await self._send_stamped(json.dumps(self._chunk([]) | {"usage": usage}).encode())
-
-    def _chunk(self, choices: list[dict]) -> dict:
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": int(time.time()),
-            "model": self.model,
-            "choices": choices,
-        }
-
-    async def _send_stamped(self, payload: bytes) -> float:
-        stamp = time.perf_counter()
-        event = b'data: %s, "stub_sent": %r}\n\n' % (payload[:-1], stamp)
-        await self.wire.send_chunk(event)
-        return stamp
-
-    def _logprobs(self, token_id: int, text: str) -> dict:
-        """The chosen token at a fixed logprob and `top_k` lower-ranked neighbours."""
-        top = [((token_id + j) % VOCAB_SIZE, -0.25 - j) for j in range(self.top_k)]
-
-        def name(tid: int) -> str:
-            return f"token_id:{tid}" if self.as_ids else token_text(tid)
-
-        if self.chat:
-            alternatives = [
-                {"token": name(t), "logprob": lp, "bytes": list(token_text(t).encode())}
-                for t, lp in top
-            ]
-            chosen = {"token": name(token_id), "logprob": -0.25, "bytes": list(text.encode())}
-            return {"content": [chosen | {"top_logprobs": alternatives}]}
-        return {
-            "text_offset": [self.emitted_chars],
-            "token_logprobs": [-0.25],
-            "tokens": [name(token_id)],
-            "top_logprobs": [{name(t): lp for t, lp in top}],
-        }
-
-
-def _plan_tokens(
-    prompt_key: str, n_tokens: int, max_tokens: int, fault: str | None
-) -> tuple[list[int], str]:
-    """Token ids and finish reason: a deterministic function of the prompt and the fault."""
-    seed = zlib.crc32(prompt_key.encode())
-    if fault == "empty":
-        return [], "stop"
-    if fault == "repetition":
-        return [seed % VOCAB_SIZE] * max_tokens, "length"
-    ids = [(seed + 7919 * i) % VOCAB_SIZE for i in range(n_tokens)]
-    if fault == "diverge":
-        ids = ids[: n_tokens // 2] + [(t + 1) % VOCAB_SIZE for t in ids[n_tokens // 2 :]]
-    return ids, "length" if n_tokens == max_tokens else "stop"
-
-
-def _count_prompt_tokens(body: dict, chat: bool) -> int:
-    if chat:
-        return sum(len(str(m.get("content", "")).split()) for m in body.get("messages") or [])
-    prompt = body.get("prompt")
-    return len(prompt) if isinstance(prompt, list) else len(str(prompt or "").split())
-
-
-def _full_response(
-    body: dict, chat: bool, token_ids: list[int], finish_reason: str, prompt_tokens: int
-) -> dict:
-    text = "".join(token_text(t) for t in token_ids)
-    choice: dict = {"index": 0, "finish_reason": finish_reason}
-    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-    if body.get("return_token_ids"):
-        choice["token_ids"] = token_ids
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(token_ids),
-        "total_tokens": prompt_tokens + len(token_ids),
-    }
-    return {"id": "stub", "choices": [choice], "usage": usage}
-
-
-async def _json(wire: _Wire, status: int, payload: dict) -> None:
-    await wire.respond(status, json.dumps(payload).encode(), "application/json")
-
-
-async def _error(wire: _Wire, status: int, message: str) -> None:
-    await _json(wire, status, {"error": {"message": message, "type": "StubError", "code": status}})
 
 
 async def _sleep_until(deadline: float) -> None:
@@ -596,6 +331,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="stub")
     parser.add_argument("--engines", type=int, default=1, help="label sets on /metrics")
     parser.add_argument(
+        "--replay-delay-ms",
+        type=float,
+        default=0.0,
+        help="delay before answering each prompt_logprobs (teacher-forced replay) request",
+    )
+    parser.add_argument(
         "--fault", type=_parse_fault, action="append", default=[], metavar="INDEX=KIND"
     )
     args = parser.parse_args(argv)
@@ -606,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         model=args.model,
         faults=dict(args.fault),
         engines=args.engines,
+        replay_delay_s=args.replay_delay_ms / 1000,
     )
 
     async def serve() -> None:

@@ -16,7 +16,7 @@ current token, its beta rows map the constant to ~logit(0.9), and A_log = -30 ma
 of a chunk then have a mean cosine ~0.998 and three BF16 Newton-Schulz rounds blow up, while
 everything else in the layer (queries, values, gates, output) is trained.
 
-The training forward is rig.tiny_model.forward (vLLM's Qwen3-Next math in float32, the GDN
+The training forward is rig.qwen3_next.forward (vLLM's Qwen3-Next math in float32, the GDN
 recurrence exact), so the served BF16 model computes what was trained.
 """
 
@@ -36,16 +36,15 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from rig import tiny_model
-from rig.tiny_model import (
-    LAYER_TYPES,
-    REGIME_DIM,
+from rig.checkpoint import (
     SPECIAL_TOKENS,
-    ModelShape,
     ensure_built,
-    forward,
+    sources_sha256,
     train_tokenizer,
     write_checkpoint,
 )
+from rig.qwen3_next import LAYER_TYPES, ModelShape, forward
+from rig.tiny_model import REGIME_DIM
 
 DEFAULT_CACHE_ROOT = Path(".cache/tiny-lm")
 RECIPE_FILE = "tiny_lm_recipe.json"
@@ -57,8 +56,8 @@ USER_TURN = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 class TinyLmRecipe(ModelShape):
     """Every input of the build; equal recipes give bit-identical files on the same machine.
 
-    The corpus, this module's and tiny_model's source and the library versions are inputs too,
-    so an upgrade or a code change never serves a stale cached model.
+    The corpus, the source of this module and of the tiny model's generator and the library
+    versions are inputs too, so an upgrade or a code change never serves a stale cached model.
     """
 
     corpus_sha256: str
@@ -100,10 +99,9 @@ def corpus_paragraphs() -> list[str]:
 
 def default_recipe() -> TinyLmRecipe:
     corpus = hashlib.sha256("\0".join(corpus_paragraphs()).encode()).hexdigest()
-    sources = b"".join(Path(m.__file__).read_bytes() for m in (sys.modules[__name__], tiny_model))
     return TinyLmRecipe(
         corpus_sha256=corpus,
-        generator_sha256=hashlib.sha256(sources).hexdigest(),
+        generator_sha256=sources_sha256(__name__, *tiny_model.GENERATOR_MODULES),
         libraries=f"torch {torch.__version__}, tokenizers {tokenizers.__version__}",
     )
 

@@ -30,66 +30,33 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
-import os
-import shutil
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import tokenizers
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
-from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
+from rig.checkpoint import (
+    SPECIAL_TOKENS,
+    ensure_built,
+    sources_sha256,
+    train_tokenizer,
+    write_checkpoint,
+)
 from rig.prompts import build_long_prompt, load_prompts
+from rig.qwen3_next import LAYER_TYPES, ModelShape, forward
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPTS_FILE = REPO_ROOT / "prompts" / "prompts.jsonl"
 DEFAULT_CACHE_ROOT = Path(".cache/tiny-model")
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-LAYER_TYPES = ("linear_attention", "full_attention", "linear_attention", "full_attention")
 PARAMS_FILE = "tiny_model_params.json"
 REGIME_DIM = 0  # the residual dimension that holds the constant the GDN layers read
-
-# Qwen-style chat markup. `enable_thinking` is accepted and ignored: the model has no thinking
-# mode, and clients that always send the flag must get the same prompt either way.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
-
-class ModelShape(BaseModel):
-    """The Qwen3-Next architecture numbers of an embedded model: what config.json and the
-    reference forward read. Defaults are the constructed tiny model's."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    vocab_size: int = 4096
-    hidden_size: int = 256
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 64
-    linear_num_key_heads: int = 2
-    linear_num_value_heads: int = 4
-    linear_head_dim: int = 128
-    num_experts: int = 4
-    num_experts_per_tok: int = 2
-    moe_intermediate_size: int = 128
-    max_position_embeddings: int = 16384
-
-    def key(self) -> str:
-        """Cache key: a hash of every field."""
-        blob = json.dumps(self.model_dump(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+# The generator's code: this module and what it builds with.
+GENERATOR_MODULES = (__name__, "rig.qwen3_next", "rig.checkpoint")
 
 
 class TinyModelParams(ModelShape):
@@ -130,43 +97,9 @@ def corpus_sha256(texts: list[str]) -> str:
 def default_params(prompts_file: Path = PROMPTS_FILE) -> TinyModelParams:
     return TinyModelParams(
         corpus_sha256=corpus_sha256(corpus_texts(prompts_file)),
-        generator_sha256=hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        generator_sha256=sources_sha256(*GENERATOR_MODULES),
         libraries=f"torch {torch.__version__}, tokenizers {tokenizers.__version__}",
     )
-
-
-# --- tokenizer -----------------------------------------------------------------------------
-
-
-def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
-    """Byte-level BPE (any UTF-8 input encodes) with Qwen's special tokens first."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer)
-    return tokenizer
-
-
-def write_tokenizer_files(tokenizer: Tokenizer, out_dir: Path) -> None:
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": 16384,
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "add_bos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
-    }
-    _write_json(out_dir / "tokenizer_config.json", config)
 
 
 def printable_token_ids(tokenizer: Tokenizer) -> list[int]:
@@ -180,54 +113,6 @@ def printable_token_ids(tokenizer: Tokenizer) -> list[int]:
         if all(ch.isprintable() or ch in " \n\t" for ch in text):
             found.append(token_id)
     return found
-
-
-# --- config and weights --------------------------------------------------------------------
-
-
-def hf_config(params: ModelShape) -> dict:
-    """config.json of a Qwen3NextForCausalLM with every layer MoE (vLLM needs one at least)."""
-    return {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "dtype": "bfloat16",
-        "vocab_size": params.vocab_size,
-        "hidden_size": params.hidden_size,
-        "num_hidden_layers": len(LAYER_TYPES),
-        "layer_types": list(LAYER_TYPES),
-        "full_attention_interval": 2,
-        "num_attention_heads": params.num_attention_heads,
-        "num_key_value_heads": params.num_key_value_heads,
-        "head_dim": params.head_dim,
-        "partial_rotary_factor": 0.25,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.25,
-        },
-        "max_position_embeddings": params.max_position_embeddings,
-        "linear_num_key_heads": params.linear_num_key_heads,
-        "linear_num_value_heads": params.linear_num_value_heads,
-        "linear_key_head_dim": params.linear_head_dim,
-        "linear_value_head_dim": params.linear_head_dim,
-        "linear_conv_kernel_dim": 4,
-        "num_experts": params.num_experts,
-        "num_experts_per_tok": params.num_experts_per_tok,
-        "moe_intermediate_size": params.moe_intermediate_size,
-        "shared_expert_intermediate_size": params.moe_intermediate_size,
-        "intermediate_size": params.moe_intermediate_size,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": False,
-        "bos_token_id": None,
-        "eos_token_id": 2,
-        "pad_token_id": 0,
-    }
 
 
 def construct_weights(params: TinyModelParams, tokenizer: Tokenizer) -> dict[str, torch.Tensor]:
@@ -390,167 +275,6 @@ def _gdn_weights(params: TinyModelParams, generator: torch.Generator, prefix: st
     }
 
 
-# --- reference forward (plain torch, float32) ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GdnKernelInputs:
-    """What one GDN layer hands the chunked prefill kernel for one sequence (the L2 norm of q
-    and k, which the kernel does itself, already applied)."""
-
-    layer: int
-    query: torch.Tensor  # [tokens, key heads, head dim]
-    key: torch.Tensor  # [tokens, key heads, head dim]
-    value: torch.Tensor  # [tokens, value heads, head dim]
-    beta: torch.Tensor  # [tokens, value heads]
-    g: torch.Tensor  # [tokens, value heads], log decay
-
-
-def forward(
-    weights: dict[str, torch.Tensor],
-    params: ModelShape,
-    token_ids: torch.Tensor,
-    captured: list[GdnKernelInputs] | None = None,
-) -> torch.Tensor:
-    """Final-norm hidden states [batch, tokens, hidden] of token_ids [batch, tokens].
-
-    Mirrors vLLM's Qwen3-Next math (Gemma-style 1+w RMS norms, interleaved GDN projections,
-    SiLU short convolution, gated delta rule, gated RMS norm, partial NeoX RoPE, top-k MoE with
-    a gated shared expert). It sets the LM head at build time and lets tests and measurements
-    see what the GDN kernel is given; served prompt logprobs agree to ~0.05 nats (BF16).
-    """
-    w = {name: tensor.float() for name, tensor in weights.items()}
-    residual = w["model.embed_tokens.weight"][token_ids]
-    for index, layer_type in enumerate(LAYER_TYPES):
-        prefix = f"model.layers.{index}"
-        x = _rms_norm(residual, w[f"{prefix}.input_layernorm.weight"])
-        if layer_type == "linear_attention":
-            residual = residual + _gdn(w, params, f"{prefix}.linear_attn", x, index, captured)
-        else:
-            residual = residual + _attention(w, params, f"{prefix}.self_attn", x)
-        x = _rms_norm(residual, w[f"{prefix}.post_attention_layernorm.weight"])
-        residual = residual + _moe(w, params, f"{prefix}.mlp", x)
-    return _rms_norm(residual, w["model.norm.weight"])
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, offset: float = 1.0) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (offset + weight)
-
-
-def _gdn(w, params, prefix, x, layer, captured) -> torch.Tensor:
-    batch, tokens, _ = x.shape
-    k_heads, v_heads, dim = (
-        params.linear_num_key_heads,
-        params.linear_num_value_heads,
-        params.linear_head_dim,
-    )
-    v_per_k = v_heads // k_heads
-    qkvz = (x @ w[f"{prefix}.in_proj_qkvz.weight"].T).view(batch, tokens, k_heads, -1)
-    ba = (x @ w[f"{prefix}.in_proj_ba.weight"].T).view(batch, tokens, k_heads, -1)
-    q, k, v, z = qkvz.split([dim, dim, v_per_k * dim, v_per_k * dim], dim=-1)
-    b, a = ba.split([v_per_k, v_per_k], dim=-1)
-    mixed = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
-    conv = w[f"{prefix}.conv1d.weight"][:, 0, :]
-    padded = F.pad(mixed.transpose(1, 2), (conv.shape[1] - 1, 0))
-    mixed = F.silu(F.conv1d(padded, conv.unsqueeze(1), groups=conv.shape[0])).transpose(1, 2)
-    q, k, v = mixed.split([k_heads * dim, k_heads * dim, v_heads * dim], dim=-1)
-    q = F.normalize(q.view(batch, tokens, k_heads, dim), dim=-1, eps=1e-6)
-    k = F.normalize(k.view(batch, tokens, k_heads, dim), dim=-1, eps=1e-6)
-    v = v.view(batch, tokens, v_heads, dim)
-    beta = torch.sigmoid(b.reshape(batch, tokens, v_heads))
-    g = -w[f"{prefix}.A_log"].exp() * F.softplus(
-        a.reshape(batch, tokens, v_heads) + w[f"{prefix}.dt_bias"]
-    )
-    if captured is not None:
-        captured.extend(
-            GdnKernelInputs(layer, q[i], k[i], v[i], beta[i], g[i]) for i in range(batch)
-        )
-    q = q.repeat_interleave(v_per_k, dim=2) * dim**-0.5
-    k = k.repeat_interleave(v_per_k, dim=2)
-    out = _gated_delta_rule(q, k, v, beta, g).float()
-    gated = _rms_norm(out, w[f"{prefix}.norm.weight"], offset=0.0) * F.silu(z.reshape(out.shape))
-    return gated.flatten(2) @ w[f"{prefix}.out_proj.weight"].T
-
-
-def _gated_delta_rule(q, k, v, beta, g, chunk: int = 64) -> torch.Tensor:
-    """Exact (float64) chunked gated delta rule from a zero state; inputs [batch, tokens, heads, .].
-
-    Within a chunk, with cumulative log decay G, the delta rule's corrections solve the unit
-    lower-triangular system (I + strictly_lower(beta_i k_i.k_j e^(G_i-G_j))) d = beta (v - e^G k S),
-    done here by a float64 triangular solve: no inverse approximation to get wrong.
-    """
-    q, k, v, beta, g = (t.double().transpose(1, 2) for t in (q, k, v, beta, g))
-    batch, heads, tokens, dim = k.shape
-    state = None  # zero before the first chunk
-    out = torch.empty_like(v)
-    for start in range(0, tokens, chunk):
-        span = slice(start, min(start + chunk, tokens))
-        qc, kc, vc, bc = q[:, :, span], k[:, :, span], v[:, :, span], beta[:, :, span, None]
-        cum = g[:, :, span].cumsum(-1)
-        n = cum.shape[-1]
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, -math.inf).exp()
-        system = torch.eye(n, dtype=torch.float64) + (
-            bc * (kc @ kc.transpose(-1, -2)) * decay
-        ).tril(-1)
-        rhs = torch.cat([bc * vc, bc * cum.exp()[..., None] * kc], dim=-1)
-        solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        delta, correction = solved.split([vc.shape[-1], dim], dim=-1)
-        if state is not None:
-            delta = delta - correction @ state
-        out[:, :, span] = ((qc @ kc.transpose(-1, -2)) * decay) @ delta
-        if state is not None:
-            out[:, :, span] += cum.exp()[..., None] * (qc @ state)
-        if span.stop < tokens:
-            last = cum[..., -1:]
-            carried = ((last - cum).exp()[..., None] * kc).transpose(-1, -2) @ delta
-            state = carried if state is None else last.exp()[..., None] * state + carried
-    return out.transpose(1, 2)
-
-
-def _attention(w, params, prefix, x) -> torch.Tensor:
-    batch, tokens, _ = x.shape
-    heads, kv_heads, dim = params.num_attention_heads, params.num_key_value_heads, params.head_dim
-    q, gate = (x @ w[f"{prefix}.q_proj.weight"].T).view(batch, tokens, heads, 2 * dim).chunk(2, -1)
-    k = (x @ w[f"{prefix}.k_proj.weight"].T).view(batch, tokens, kv_heads, dim)
-    v = (x @ w[f"{prefix}.v_proj.weight"].T).view(batch, tokens, kv_heads, dim)
-    q, k = (
-        _rope(_rms_norm(q, w[f"{prefix}.q_norm.weight"])),
-        _rope(_rms_norm(k, w[f"{prefix}.k_norm.weight"])),
-    )
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-    ).transpose(1, 2)
-    out = out * torch.sigmoid(gate)
-    return out.flatten(2) @ w[f"{prefix}.o_proj.weight"].T
-
-
-def _rope(x: torch.Tensor, rotary_dim: int = 16, theta: float = 10000.0) -> torch.Tensor:
-    """NeoX-style rotary embedding on the first rotary_dim dims of each head (factor 0.25)."""
-    positions = torch.arange(x.shape[1], dtype=torch.float32)
-    inv_freq = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
-    angles = positions[:, None] * inv_freq[None, :]
-    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
-    half = rotary_dim // 2
-    x1, x2, rest = x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
-
-
-def _moe(w, params, prefix, x) -> torch.Tensor:
-    def mlp(name: str) -> torch.Tensor:
-        hidden = F.silu(x @ w[f"{name}.gate_proj.weight"].T) * (x @ w[f"{name}.up_proj.weight"].T)
-        return hidden @ w[f"{name}.down_proj.weight"].T
-
-    probs = torch.softmax(x @ w[f"{prefix}.gate.weight"].T, dim=-1)
-    top, chosen = probs.topk(params.num_experts_per_tok, dim=-1)
-    routing = torch.zeros_like(probs).scatter(-1, chosen, top / top.sum(-1, keepdim=True))
-    out = sum(
-        routing[..., e, None] * mlp(f"{prefix}.experts.{e}") for e in range(params.num_experts)
-    )
-    shared = torch.sigmoid(x @ w[f"{prefix}.shared_expert_gate.weight"].T)
-    return out + shared * mlp(f"{prefix}.shared_expert")
-
-
 def readout_features(params: TinyModelParams, weights: dict[str, torch.Tensor]) -> torch.Tensor:
     """Unit, centred final hidden state of each token of the vocabulary seen on its own.
 
@@ -589,63 +313,14 @@ def build_tiny_model(
     return out_dir
 
 
-def write_checkpoint(
-    out_dir: Path,
-    shape: ModelShape,
-    tokenizer: Tokenizer,
-    weights: dict[str, torch.Tensor],
-    params_file: str,
-) -> None:
-    """Everything vLLM loads (config, tokenizer, BF16 safetensors) plus the params that made it."""
-    write_tokenizer_files(tokenizer, out_dir)
-    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out_dir / "config.json", hf_config(shape))
-    _write_json(
-        out_dir / "generation_config.json",
-        {"eos_token_id": [2, 0], "pad_token_id": 0, "do_sample": False},
-    )
-    _write_json(out_dir / params_file, shape.model_dump())
-
-
 def ensure_tiny_model(cache_root: Path = DEFAULT_CACHE_ROOT) -> Path:
     """The tiny model for the current prompts, built on first use and cached by params hash."""
     params = default_params()
     return ensure_built(Path(cache_root) / params.key(), lambda out: build_tiny_model(out, params))
 
 
-def ensure_built(final: Path, build: Callable[[Path], object]) -> Path:
-    """`final` if it holds a model, else build(staging folder) and rename it to `final`.
-
-    The build goes to a private temporary folder renamed into place at the end, so an
-    interrupted build never leaves a half model behind and concurrent builds do not collide.
-    """
-    if (final / "model.safetensors").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.parent / f".{final.name}.{os.getpid()}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        build(staging)
-        try:
-            staging.rename(final)
-        except OSError:
-            if not (final / "model.safetensors").exists():
-                raise  # a concurrent build that won the rename is fine, anything else is not
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
-
-
-def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(model_dir) / "model.safetensors"))
-
-
 def load_params(model_dir: Path) -> TinyModelParams:
     return TinyModelParams.model_validate_json((Path(model_dir) / PARAMS_FILE).read_text())
-
-
-def _write_json(path: Path, content: dict) -> None:
-    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def _progress(message: str) -> None:

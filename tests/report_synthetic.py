@@ -1,7 +1,8 @@
 """A synthetic run for the report tests: two levels, two repeats, an A/A control, and every
-kind of mismatch a reviewer meets (substantive with XSS payloads in the text, near-tie, a long
-completion, a failed request), built from RequestRecords with token ids and each side's
-teacher-forced top-k along the reference completions (the replay; timed records carry none)."""
+kind of mismatch a reviewer meets (substantive with hostile model output in the text: script,
+a textarea and an attribute broken out of, bidi controls; near-tie, a long completion, a failed
+request), built from RequestRecords with token ids and each side's teacher-forced top-k along
+the reference completions (the replay; timed records carry none)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ from rig.verdict import SideKernel, decide
 
 XSS_IMG = '<img src=x onerror="window.__rigXss=1">'
 XSS_SCRIPT = "<script>window.__rigXss=2</script>"
+XSS_TEXTAREA = '</textarea><textarea id="rig-injected">'  # breaks out of a textarea, if any
+XSS_ATTRIBUTE = '"><img src=x id="rig-injected" onerror="window.__rigXss=3">'  # out of an attribute
+# Right-to-left override (ended by a pop), and the three isolates, each closed by U+2069
+BIDI = "\u202eevil\u202c \u2066left\u2069 \u2067right\u2069 \u2068first\u2069"
+HOSTILE = f"{XSS_IMG} {XSS_SCRIPT} {XSS_TEXTAREA} {XSS_ATTRIBUTE} {BIDI}"
 KERNELS = {
     "reference": SideKernel("reference", "fla", 120, "vLLM's own chunk_gated_delta_rule"),
     "candidate": SideKernel("candidate", "ns3", 118, "rig ns3 <b>plugin</b>"),
@@ -135,7 +141,7 @@ def synthetic_outcome(
                 extra: dict = {}
                 near_tie_at = None
                 if prompt_id == "math-01" and level == 4:
-                    candidate = f"The answer to {prompt_id} is {XSS_IMG} {XSS_SCRIPT} indeed."
+                    candidate = f"The answer to {prompt_id} is {HOSTILE} indeed."
                 elif prompt_id == "coding-02" and level == 1:
                     candidate = answer.replace("reasons", "reasoning")
                     near_tie_at = vocabulary.encode(answer).index(vocabulary.encode("reasons ")[0])

@@ -5,9 +5,10 @@ import json
 
 from rig.cache import ENTRY_FORMAT, GoldenCache, GoldenEntry, golden_key
 from rig.drift import ForcedLogprobs, ForcedSequence
+from rig.hardware import Hardware
 from rig.prompts import ChatMessage, Prompt
 from rig.scenario import Scenario
-from rig.servers import Hardware, plan_servers
+from rig.server_plan import plan_servers
 from rig.verdict import SideKernel
 
 

@@ -1,8 +1,9 @@
 """Faults injected into whole runs of `python -m rig.run` against paced stub servers attached by
 url: what only a stub does on demand (HTTP 409/429/500 mid-level, a stream that stops sending,
-malformed SSE, a request that is never answered, a dropped connection), signals during the
-load followed by --resume, results that cannot be written, and a port taken between plan and
-start. Real servers failing: tests/e2e/test_faults.py.
+malformed SSE, a request that is never answered, a dropped connection), SIGINT and SIGTERM
+during the load, the teacher-forced replay (a stub that answers it slowly) and the report (the
+rig frozen there), each followed by --resume, results that cannot be written, and a port taken
+between plan and start. Real servers failing: tests/e2e/test_faults.py.
 
 For every fault: the exit code, one `rig: error:` line when the run could not be made, every
 finished record on disk, nothing left in the rig's process group. A run attached to servers it
@@ -29,13 +30,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rig.hardware import Hardware
+from rig.report import REPORT_FILES
 from rig.scenario import Scenario
-from rig.servers import Hardware, ServerError, ServerSet, plan_servers
+from rig.server_plan import plan_servers
+from rig.servers import ServerError, ServerSet
 from tests.rig_process import (
     LiveRig,
     RigRun,
     assert_could_not_be_made,
     group_members,
+    processes_logging_into,
     read_records,
 )
 
@@ -45,9 +50,12 @@ PROMPTS = "prompts/prompts.jsonl"
 class StubProcess:
     """`python -m rig.stub_server` in a session of its own, with faults by arrival index."""
 
-    def __init__(self, *faults: str, itl_ms: float = 10, tokens: int = 8) -> None:
+    def __init__(
+        self, *faults: str, itl_ms: float = 10, tokens: int = 8, replay_delay_ms: float = 0
+    ) -> None:
         argv = [sys.executable, "-m", "rig.stub_server", "--port", "0", "--ttft-ms", "20"]
         argv += ["--itl-ms", str(itl_ms), "--tokens", str(tokens)]
+        argv += ["--replay-delay-ms", str(replay_delay_ms)]
         for fault in faults:
             argv += ["--fault", fault]
         self.process = subprocess.Popen(
@@ -57,9 +65,18 @@ class StubProcess:
         self.url = re.search(r"http://\S+", line)[0]  # type: ignore[index]
 
     def request_ids(self) -> set[str]:
-        """The X-Request-Id of every generation request the stub received."""
+        """The X-Request-Id of every load request the stub received."""
+        return {
+            entry["key"] for entry in self._log() if "prompt_logprobs" not in (entry["body"] or {})
+        }
+
+    def replays_received(self) -> int:
+        """Teacher-forced replay requests received so far, answered or not."""
+        return sum("prompt_logprobs" in (entry["body"] or {}) for entry in self._log())
+
+    def _log(self) -> list[dict]:
         with urllib.request.urlopen(self.url + "/stub/log", timeout=10) as response:
-            return {entry["key"] for entry in json.loads(response.read())["requests"]}
+            return json.loads(response.read())["requests"]
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -77,7 +94,10 @@ def stub_pair(*candidate_faults: str, **pacing):
         candidate.stop()
 
 
-def scenario_file(folder: Path, reference_url: str, candidate_url: str, **workload) -> Path:
+def scenario_file(
+    folder: Path, reference_url: str, candidate_url: str, drift_requests: int = 0, **workload
+) -> Path:
+    """Drift replay off unless `drift_requests` (its `max_requests`) says how many."""
     data = {
         "name": "faults",
         "model": {"name": "stub/model"},
@@ -92,7 +112,7 @@ def scenario_file(folder: Path, reference_url: str, candidate_url: str, **worklo
             "warmup_requests": 0,  # the stub's faults and these counts are by arrival order
             **workload,
         },
-        "drift": {"enabled": False},
+        "drift": {"enabled": drift_requests > 0, "max_requests": drift_requests or None},
         "results_dir": str(folder / "results"),
     }
     path = folder / "faults.yaml"
@@ -253,6 +273,148 @@ def test_resume_after_an_interrupt_has_every_record_once(interrupted):
 
 def test_resume_keeps_the_faults_of_the_kept_levels(interrupted):
     assert "1 server-log faults" in interrupted.resumed.gate("pathologies")["detail"]
+
+
+# -- SIGINT and SIGTERM during the teacher-forced replay, then --resume ---------------------------
+
+REPLAY_DELAY_MS = 1500  # per replay request: the signal lands while the rig waits for one
+REPLAYED = 2  # drift.max_requests
+
+
+@dataclasses.dataclass
+class InterruptedPhase:
+    interrupted: RigRun
+    records_then: list[dict]
+    verdict_then: dict  # manifest.json's verdict, before the resume rewrote it
+    resumed: RigRun
+
+
+def _verdict_gates(run: RigRun) -> dict[str, dict]:
+    return {gate["name"]: gate for gate in run.manifest()["verdict"]["gates"]}
+
+
+def _resumed_after(interrupted: RigRun, scenario: Path, run_id: str) -> InterruptedPhase:
+    records_then, verdict_then = interrupted.records(), interrupted.manifest()["verdict"]
+    resumed = start(scenario, run_id, "--resume").finish()
+    return InterruptedPhase(interrupted, records_then, verdict_then, resumed)
+
+
+@pytest.fixture(scope="module", params=[signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def interrupted_replay(request, tmp_path_factory) -> InterruptedPhase:
+    """The load finishes; the signal comes once the candidate has received a replay request."""
+    with stub_pair(replay_delay_ms=REPLAY_DELAY_MS) as (reference, candidate):
+        scenario = scenario_file(
+            tmp_path_factory.mktemp("replay"), reference.url, candidate.url, REPLAYED
+        )
+        rig = start(scenario, "replay")
+        rig.wait_for(lambda: candidate.replays_received() > 0, "a replay request")
+        rig.interrupt(request.param)
+        return _resumed_after(rig.finish(), scenario, "replay")
+
+
+def test_an_interrupted_replay_exits_2_with_one_error_line_and_leaves_nothing(
+    interrupted_replay,
+):
+    run = interrupted_replay.interrupted
+    assert_could_not_be_made(run, "interrupted")
+    # the reference replays every completion it wrote (4 prompts), the candidate its sample
+    assert "rig: teacher-forced replay of 4 sequences (reference 4, candidate 2)" in run.stdout
+
+
+def test_an_interrupted_replay_keeps_every_record_and_compares_every_pair(interrupted_replay):
+    keys = Counter((r["side"], r["request_id"]) for r in interrupted_replay.records_then)
+    assert len(keys) == 8 and set(keys.values()) == {1}
+    assert all(r["error"] is None for r in interrupted_replay.records_then)
+    verdict = interrupted_replay.verdict_then
+    assert verdict["counts"]["pairs"] == 4 and verdict["word"] == "INVALID"
+    gates = {gate["name"]: gate for gate in verdict["gates"]}
+    assert not gates["run completed"]["passed"] and "teacher-forced drift" not in gates
+
+
+def test_resume_after_an_interrupted_replay_replays_and_keeps_the_records(interrupted_replay):
+    run = interrupted_replay.resumed
+    assert run.returncode == 1, run.stderr[-2000:]  # completed; attached runs are INVALID
+    assert "1 finished level(s) kept (8 records)" in run.stdout
+    assert run.records() == interrupted_replay.records_then
+    drift = _verdict_gates(run)["teacher-forced drift"]
+    assert drift["passed"] and drift["detail"].startswith("mean abs Δlogprob 0.0000")
+    assert "run completed" not in _verdict_gates(run)
+    assert run.left_in_group == ()
+
+
+# -- SIGINT and SIGTERM while the report is written ------------------------------------------------
+
+
+def _stopped_in_the_report(rig: LiveRig) -> None:
+    """Freeze the rig (SIGSTOP) between its report's first file and report.html, so a signal
+    sent now is delivered in the report phase whatever the machine's speed."""
+    rig.wait_for(lambda: (rig.run_dir / "requests.csv").exists(), "the report's first file")
+    os.kill(rig.process.pid, signal.SIGSTOP)
+    assert not (rig.run_dir / "report.html").exists(), "the report was written before the stop"
+
+
+def _continue(rig: LiveRig) -> None:
+    os.kill(rig.process.pid, signal.SIGCONT)
+
+
+@pytest.fixture(scope="module", params=[signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def interrupted_report(request, tmp_path_factory) -> InterruptedPhase:
+    with stub_pair() as (reference, candidate):
+        scenario = scenario_file(
+            tmp_path_factory.mktemp("report"), reference.url, candidate.url, REPLAYED
+        )
+        rig = start(scenario, "report")
+        _stopped_in_the_report(rig)
+        rig.interrupt(request.param)
+        _continue(rig)
+        return _resumed_after(rig.finish(), scenario, "report")
+
+
+def test_an_interrupt_while_the_report_is_written_finishes_the_report(interrupted_report):
+    run = interrupted_report.interrupted
+    assert run.returncode == 1, run.stderr[-2000:]  # the verdict's code: nothing was cut short
+    assert run.error_lines() == [] and "Traceback" not in run.stderr
+    assert "rig: interrupted while the report is written: finishing it" in run.stdout
+    assert run.read("report.html").rstrip().endswith("</html>")
+    assert interrupted_report.verdict_then["word"] == "INVALID"
+    gates = {gate["name"]: gate for gate in interrupted_report.verdict_then["gates"]}
+    assert gates["teacher-forced drift"]["passed"] and "run completed" not in gates
+    assert run.left_in_group == () and processes_logging_into(run.run_dir) == []
+
+
+def test_an_interrupt_while_the_report_is_written_loses_no_record(interrupted_report):
+    keys = Counter((r["side"], r["request_id"]) for r in interrupted_report.records_then)
+    assert len(keys) == 8 and set(keys.values()) == {1}
+
+
+def test_resume_after_an_interrupted_report_keeps_every_record(interrupted_report):
+    run = interrupted_report.resumed
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert run.records() == interrupted_report.records_then
+    assert run.manifest()["verdict"] == interrupted_report.verdict_then
+    assert run.left_in_group == ()
+
+
+def test_a_second_interrupt_while_the_report_is_written_stops_it_and_keeps_no_report(tmp_path):
+    """Both signals are pending when the frozen rig continues: the first is noted, the second
+    stops the writing; a resumed run writes the whole report."""
+    with stub_pair() as (reference, candidate):
+        scenario = scenario_file(tmp_path, reference.url, candidate.url, REPLAYED)
+        rig = start(scenario, "twice")
+        _stopped_in_the_report(rig)
+        rig.interrupt(signal.SIGINT)
+        rig.interrupt(signal.SIGTERM)
+        _continue(rig)
+        run = rig.finish()
+        assert_could_not_be_made(run, "interrupted twice while the report was written")
+        assert [name for name in REPORT_FILES if (run.run_dir / name).exists()] == []
+        records = run.records()
+        assert len(records) == 8 and all(r["error"] is None for r in records)
+        resumed = start(scenario, "twice", "--resume").finish()
+    assert resumed.returncode == 1, resumed.stderr[-2000:]
+    assert resumed.records() == records
+    assert all((resumed.run_dir / name).exists() for name in REPORT_FILES)
+    assert resumed.left_in_group == ()
 
 
 # -- results that cannot be written ----------------------------------------------------------------

@@ -3,9 +3,10 @@ environment, the rig's own tree, the machine."""
 
 import json
 
+from rig.hardware import Hardware
 from rig.manifest import build_manifest, git_state
 from rig.scenario import Scenario
-from rig.servers import Hardware, plan_servers
+from rig.server_plan import plan_servers
 
 
 def scenario(**overrides) -> Scenario:

@@ -7,6 +7,7 @@ import socket
 import pytest
 
 import rig.preflight as preflight_module
+from rig.hardware import Hardware
 from rig.preflight import (
     PreflightError,
     checkpoint_bytes,
@@ -16,7 +17,6 @@ from rig.preflight import (
     render_plan,
 )
 from rig.scenario import Scenario
-from rig.servers import Hardware
 
 GIB = 2**30
 

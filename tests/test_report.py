@@ -22,7 +22,7 @@ from rig.report import (
     write_report,
 )
 from rig.scenario import GatesConfig
-from rig.servers import JIT_COMPILE
+from rig.server_logs import JIT_COMPILE
 from rig.verdict import SideKernel, decide
 
 SCRIPT = "<script>alert(1)</script>"

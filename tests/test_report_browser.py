@@ -1,7 +1,9 @@
 """report.html in a real browser: headless Chromium opens a report of a failing synthetic run
-(mismatches, XSS payloads in the completions and in server errors) and checks what a reviewer
-sees at 1280 px: the verdict, every gate, a highlighted divergence, working filters and
-sorting, no script from model output, nothing fetched, nothing wider than the window. The
+(mismatches, hostile model output in the completions: <script>, </textarea>, an attribute
+broken out of, bidi controls; markup in server errors) and checks what a reviewer sees at
+1280 px: the verdict, every gate, a highlighted divergence, working filters and sorting, model
+output as text (no script run, no element injected, bidi controls shown as code points),
+nothing fetched, nothing wider than the window. The
 screenshots stay under the test's tmp_path."""
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import pytest
 from PIL import Image
 
 from rig.report import write_report
+from rig.report_format import BIDI_CONTROLS
 from tests import chromium
-from tests.report_synthetic import synthetic_outcome
+from tests.report_synthetic import HOSTILE, XSS_SCRIPT, XSS_TEXTAREA, synthetic_outcome
 
 WIDTH = 1280
 
@@ -39,6 +42,17 @@ CHECK_SCRIPT = """
       return ["boom", "plugin", "Traceback"].indexOf(b.textContent) >= 0;
     }).length;
   r.scripts = document.scripts.length;
+  r.textareas = document.querySelectorAll("textarea").length;
+  r.injectedIds = document.querySelectorAll("#rig-injected").length;
+  r.hostile = Array.from(document.querySelectorAll("details.mismatch")).filter(function (c) {
+    return c.dataset.level === "4" && c.dataset.category === "math";
+  }).map(function (c) {
+    const pre = c.querySelectorAll(".side")[1].querySelector("pre");
+    c.open = true;
+    return {text: pre.textContent, shown: pre.innerText, visible: visible(pre)};
+  });
+  const bidi = /[\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069]/;
+  r.bidiInPage = bidi.test(document.body.textContent);
   r.resources = performance.getEntriesByType("resource").map(function (e) { return e.name; })
     .filter(function (name) { return !name.startsWith("data:"); });
   r.innerWidth = window.innerWidth;
@@ -120,6 +134,22 @@ def test_no_script_from_model_output_ran_and_nothing_was_fetched(seen):
     assert seen["injected"] == 0  # no <img src=x>, no onerror=, no <b> from a server error
     assert seen["scripts"] == 2  # the page's own and this test's check script
     assert seen["resources"] == []
+
+
+def test_hostile_model_output_renders_as_text(seen):
+    """`<script>`, a closing `</textarea>`, an attribute broken out of and bidi controls in a
+    completion: the candidate's completion reads back character for character, every control
+    as its visible code point, and nothing of it became an element."""
+    expected = f"The answer to math-01 is {HOSTILE} indeed.".translate(
+        {ord(char): f"⟨U+{ord(char):04X}⟩" for char in BIDI_CONTROLS}
+    )
+    assert len(seen["hostile"]) == 2  # both repeats of level 4
+    for completion in seen["hostile"]:
+        assert completion["visible"] and completion["text"] == expected
+        assert "⟨U+202E⟩evil⟨U+202C⟩ ⟨U+2066⟩left⟨U+2069⟩" in completion["shown"]
+        assert XSS_TEXTAREA in completion["shown"] and XSS_SCRIPT in completion["shown"]
+    assert not seen["bidiInPage"]
+    assert seen["textareas"] == 0 and seen["injectedIds"] == 0 and seen["xss"] is None
 
 
 def test_nothing_overflows_at_1280_px(seen):

@@ -6,7 +6,8 @@ import pytest
 from rig.metrics import summary_frame
 from rig.perf import perf_frame
 from rig.report_format import missing, number
-from rig.report_html import delta_table, render_html
+from rig.report_html import render_html
+from rig.report_levels import delta_table
 from rig.report_mismatches import divergent_span, prompt_category
 from tests.report_synthetic import LONG_TEXT, XSS_IMG, XSS_SCRIPT, synthetic_outcome
 

@@ -3,6 +3,7 @@
 import pytest
 
 from rig.drift import ForcedSequence
+from rig.hardware import Hardware
 from rig.report import LevelFault
 from rig.run import (
     AA_SIDE,
@@ -14,7 +15,7 @@ from rig.run import (
     is_aa_run,
 )
 from rig.scenario import Scenario, ScenarioError
-from rig.servers import Hardware, plan_servers
+from rig.server_plan import plan_servers
 
 
 def scenario(**overrides) -> Scenario:

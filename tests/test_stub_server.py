@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
 
-from rig.stub_server import StubConfig, serve_in_thread, token_text
+from rig.drift import drift_results, forced_sequences, replay_forced
+from rig.records import ServerTarget
+from rig.stub_answers import forced_logprob, token_text, tokenize
+from rig.stub_server import StubConfig, serve_in_thread
 
 FAST = StubConfig(ttft_s=0.03, itl_s=0.01, output_tokens=6)
 
@@ -277,3 +282,30 @@ def test_command_line_rejects_an_unknown_fault():
         text=True,
     )
     assert result.returncode == 2 and "melt" in result.stderr
+
+
+def test_teacher_forced_replay_between_two_stubs_has_no_drift_and_keeps_its_delay(make_record):
+    """The rig's own replay client against two stubs, one of them slowed down."""
+    slow = dataclasses.replace(FAST, replay_delay_s=0.3)
+    with serve_in_thread(FAST) as reference, serve_in_thread(slow) as candidate:
+        targets = [
+            ServerTarget("reference", reference.url, "stub"),
+            ServerTarget("candidate", candidate.url, "stub"),
+        ]
+        answered = make_record("reference", "r0", prompt_id="p1", token_ids=[11, 12, 13])
+        bodies = {"p1": {"prompt": "one two three four"}}
+        (sequence,) = forced_sequences([answered], bodies, targets[0])
+        started = time.monotonic()
+        replayed = replay_forced([sequence], targets, "salt", top_k=5)
+        elapsed = time.monotonic() - started
+    assert sequence.prompt_token_ids == tuple(tokenize({"prompt": "one two three four"}))
+    (drift,) = drift_results(
+        [sequence], {0: replayed["reference"][0]}, {0: replayed["candidate"][0]}
+    )
+    assert drift.error is None and drift.completion_tokens == 3 and drift.max_abs == 0.0
+    forced = replayed["candidate"][0].logprobs
+    assert forced[0] is None and forced[5] == forced_logprob(5, 12)
+    # the stub's top-k holds the forced token alone (rank 1), at every completion position
+    assert replayed["candidate"][0].top[1] == {12: forced_logprob(5, 12)}
+    assert elapsed >= 0.3
+    assert [entry.body["prompt_logprobs"] for entry in candidate.log] == [5]

@@ -17,7 +17,8 @@ from kernels.gdn_inputs import GdnInputs, default_scale
 from kernels.ns_torch import chunk_gdn_ns
 from kernels.recurrence import gdn_recurrence
 from rig import scenario, tiny_lm
-from rig.tiny_model import GdnKernelInputs, load_weights
+from rig.checkpoint import load_weights
+from rig.qwen3_next import GdnKernelInputs
 
 SHORT = {"steps": 3}
 

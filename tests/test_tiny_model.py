@@ -13,16 +13,16 @@ from safetensors import safe_open
 from kernels.gdn_inputs import GdnInputs, default_scale
 from kernels.ns_torch import chunk_gdn_ns
 from kernels.recurrence import gdn_recurrence
-from rig import tiny_model
+from rig import qwen3_next, tiny_model
+from rig.checkpoint import load_weights
 from rig.prompts import build_long_prompt, load_prompts
+from rig.qwen3_next import GdnKernelInputs
 from rig.tiny_model import (
     REGIME_DIM,
-    GdnKernelInputs,
     build_tiny_model,
     default_params,
     ensure_tiny_model,
     load_params,
-    load_weights,
 )
 
 
@@ -40,7 +40,7 @@ def tokenizer(built):
 
 def _gdn_inputs(built: Path, token_ids: list[int]) -> list[GdnKernelInputs]:
     captured: list[GdnKernelInputs] = []
-    tiny_model.forward(load_weights(built), load_params(built), torch.tensor([token_ids]), captured)
+    qwen3_next.forward(load_weights(built), load_params(built), torch.tensor([token_ids]), captured)
     return captured
 
 
@@ -193,7 +193,7 @@ def test_greedy_text_walks_the_successor_ring_with_wide_margins(built, tokenizer
     for text in texts:
         ids = tokenizer.encode(text).ids
         continuation = _ring_continuation(successor, ids[-1], 64)
-        hidden = tiny_model.forward(weights, params, torch.tensor([ids + continuation]))[0]
+        hidden = qwen3_next.forward(weights, params, torch.tensor([ids + continuation]))[0]
         logits = hidden[len(ids) - 1 : -1] @ lm_head.T
         top = logits.topk(2, dim=-1)
         assert top.indices[:, 0].tolist() == continuation
@@ -209,10 +209,10 @@ def test_the_next_token_is_decided_by_the_gdn_layers(built, tokenizer, monkeypat
     ids = tokenizer.encode(load_prompts(tiny_model.PROMPTS_FILE)[0].text).ids
     batch = torch.tensor([ids])
     lm_head = weights["lm_head.weight"].float()
-    intact = (tiny_model.forward(weights, params, batch)[0] @ lm_head.T).argmax(-1)
+    intact = (qwen3_next.forward(weights, params, batch)[0] @ lm_head.T).argmax(-1)
     assert intact.tolist() == successor[ids].tolist()
 
-    exact = tiny_model._gated_delta_rule
+    exact = qwen3_next._gated_delta_rule
     calls = []
 
     def second_layer_silenced(q, k, v, beta, g):
@@ -220,6 +220,6 @@ def test_the_next_token_is_decided_by_the_gdn_layers(built, tokenizer, monkeypat
         out = exact(q, k, v, beta, g)
         return out if len(calls) == 1 else torch.zeros_like(out)
 
-    monkeypatch.setattr(tiny_model, "_gated_delta_rule", second_layer_silenced)
-    broken = (tiny_model.forward(weights, params, batch)[0] @ lm_head.T).argmax(-1)
+    monkeypatch.setattr(qwen3_next, "_gated_delta_rule", second_layer_silenced)
+    broken = (qwen3_next.forward(weights, params, batch)[0] @ lm_head.T).argmax(-1)
     assert (broken != intact).float().mean() > 0.9

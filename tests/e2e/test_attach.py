@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from rig.servers import free_port
+from rig.server_plan import free_port
 
 from .conftest import RigRun, rig_processes
 

@@ -40,6 +40,11 @@ def _server_leader(run_dir: Path, side: str) -> int:
     raise AssertionError(f"no {side} server process")
 
 
+def _candidate_records(run: RigRun) -> list[dict]:
+    """What the candidate answered (the reference's records may come from the golden cache)."""
+    return [r for r in run.records() if r["side"] == "candidate"]
+
+
 @dataclass
 class KilledRun:
     run: RigRun
@@ -81,6 +86,7 @@ def killed_run(ns4_run, start_rig) -> KilledRun:
 
 def test_a_server_killed_mid_level_exits_2_with_one_error_line(killed_run):
     assert_could_not_be_made(killed_run.run, "rig: error: candidate server died during level C=1")
+    assert killed_run.run.manifest()["verdict"]["word"] == "NOT equivalent"
 
 
 def test_a_server_killed_mid_level_loses_no_record_and_leaves_no_process(killed_run):
@@ -106,11 +112,15 @@ def test_the_api_key_is_in_no_file_of_the_results_folder(killed_run):
 
 def test_a_server_that_never_becomes_ready_exits_2_and_leaves_no_process(start_rig):
     rig = start_rig("--set", "model.startup_timeout_s=3", name="never-ready")
-    assert_could_not_be_made(rig.finish(), "server not ready after 3 s")
+    run = rig.finish()
+    assert_could_not_be_made(run, "server not ready after 3 s")
+    assert _candidate_records(run) == [] and run.manifest()["verdict"]["word"] == "INVALID"
 
 
 def test_ctrl_c_while_the_servers_start_stops_them(start_rig):
     rig = start_rig(name="ctrl-c-at-startup")
     rig.wait_for(lambda: processes_logging_into(rig.run_dir) != [], "a server process")
     rig.interrupt(signal.SIGINT)
-    assert_could_not_be_made(rig.finish(), "interrupted")
+    run = rig.finish()
+    assert_could_not_be_made(run, "interrupted")
+    assert _candidate_records(run) == [] and run.manifest()["verdict"]["word"] == "INVALID"

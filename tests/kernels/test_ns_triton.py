@@ -8,6 +8,7 @@ from kernels.accuracy import gdn_error
 from kernels.cases import (
     CORRELATED_BOUNDS,
     GPU_SHAPE,
+    LONG_BOUNDS,
     RANDOM_BOUNDS,
     correlated_key_inputs,
     random_inputs,
@@ -34,6 +35,44 @@ def test_ns4_matches_recurrence_on_varlen_batches(num_seqs, state_dtype):
     assert within_bounds(error, RANDOM_BOUNDS, judge_state=True), error
 
 
+@pytest.mark.parametrize("block_v", [16, 32, 64, None])
+def test_walk_matches_recurrence_at_every_column_block(block_v, monkeypatch):
+    """Long and short sequences in one batch, slow decay so that the state carries far."""
+    from kernels import ns_triton
+
+    monkeypatch.setattr(ns_triton, "WALK_BLOCK_V", block_v)
+    lengths = [1000, 1, 300, 2000, 64]
+    inputs = random_inputs(
+        lengths, GPU_SHAPE, torch.float32, seed=21, log_decay_range=(1e-4, 1e-2)
+    ).to("cuda")
+    error = gdn_error(candidate_runner("ns4", "cuda").run(inputs), gdn_recurrence(inputs))
+    assert within_bounds(error, LONG_BOUNDS, judge_state=True), error
+
+
+def test_no_host_sync_with_chunk_metadata_and_an_empty_sequence():
+    from kernels.ns_triton import chunk_gated_delta_rule, prepare_chunk_indices
+
+    inputs = random_inputs([700, 0, 90], GPU_SHAPE, torch.bfloat16, seed=22).to("cuda")
+    chunk_indices = prepare_chunk_indices(inputs.cu_seqlens)
+    chunk_offsets = torch.tensor([0, 11, 11, 13], device="cuda", dtype=torch.int32)
+    v_first = inputs.initial_state.transpose(-1, -2).contiguous()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, final = chunk_gated_delta_rule(
+            inputs.q.unsqueeze(0), inputs.k.unsqueeze(0), inputs.v.unsqueeze(0),
+            inputs.g.unsqueeze(0), inputs.beta.unsqueeze(0), scale=inputs.scale,
+            initial_state=v_first, output_final_state=True, cu_seqlens=inputs.cu_seqlens,
+            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+            use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    error = gdn_error((out[0], final.transpose(-1, -2)), gdn_recurrence(inputs))
+    assert within_bounds(error, RANDOM_BOUNDS, judge_state=True), error
+    assert torch.equal(final[1], v_first[1].float())
+
+
 def test_correlated_keys_break_ns3_and_not_ns4():
     inputs = correlated_key_inputs(GPU_SHAPE).to("cuda")
     truth = gdn_recurrence(inputs)
@@ -49,13 +88,14 @@ def test_triton_block_inverse_is_the_pytorch_one():
     import triton
     import triton.language as tl
 
-    from kernels.ns_triton import _unit_lower_inverse
+    from kernels.ns_triton import NEUMANN_PRECISION, _unit_lower_inverse
 
     @triton.jit
-    def invert(a_ptr, out_ptr, ROUNDS: tl.constexpr):
+    def invert(a_ptr, out_ptr, ROUNDS: tl.constexpr, PRECISION: tl.constexpr):
         r = tl.arange(0, 64)
         offsets = tl.program_id(0) * 64 * 64 + r[:, None] * 64 + r[None, :]
-        tl.store(out_ptr + offsets, _unit_lower_inverse(tl.load(a_ptr + offsets), ROUNDS))
+        inverse = _unit_lower_inverse(tl.load(a_ptr + offsets), ROUNDS, PRECISION)
+        tl.store(out_ptr + offsets, inverse)
 
     inputs = correlated_key_inputs(GPU_SHAPE)
     keys = inputs.k[:, 0].float()
@@ -64,7 +104,7 @@ def test_triton_block_inverse_is_the_pytorch_one():
     exact = torch.linalg.inv(torch.eye(64, dtype=torch.float64) + a.double().cpu())
     for rounds in (3, 4):
         out = torch.empty_like(a)
-        invert[(a.shape[0],)](a, out, ROUNDS=rounds)
+        invert[(a.shape[0],)](a, out, ROUNDS=rounds, PRECISION=NEUMANN_PRECISION)
         reference = unit_lower_inverse(a, rounds)
         scale = reference.abs().max()
         assert (out - reference).abs().max() <= 1e-2 * scale

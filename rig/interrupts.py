@@ -1,0 +1,59 @@
+"""How the rig takes Ctrl-C, SIGTERM and SIGHUP: the same way everywhere.
+
+While servers run or requests are in flight, any of them raises KeyboardInterrupt, so the
+servers are stopped and a report of the partial results follows. While that report is written
+(local work of seconds, every input already in memory), the first interrupt is only noted: the
+report is finished, so an interrupted run always leaves a whole report. A second interrupt ends
+the process from the signal handler itself: an exception raised at an arbitrary point of
+pandas' or matplotlib's C code can be swallowed there, an exit cannot.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import NoReturn
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def raise_interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def interrupts_raise() -> None:
+    """SIGTERM and SIGHUP act as Ctrl-C does (SIGINT keeps Python's own handler, which
+    asyncio.run replaces with its own, cancelling the running task first)."""
+    for signum in INTERRUPTS:
+        if signum != signal.SIGINT:
+            signal.signal(signum, raise_interrupt)
+
+
+class InterruptsDeferred:
+    """Inside the block the first interrupt is noted in `received` and `notice` printed; a
+    second one calls `stop`, which must end the process."""
+
+    def __init__(self, notice: str, stop: Callable[[], NoReturn]) -> None:
+        self.notice = notice
+        self.stop = stop
+        self.received: int | None = None
+
+    def __enter__(self) -> InterruptsDeferred:
+        self._previous = {signum: signal.signal(signum, self._note) for signum in INTERRUPTS}
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _traceback: TracebackType | None,
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _note(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is not None:
+            self.stop()
+        self.received = signum
+        print(self.notice, flush=True)

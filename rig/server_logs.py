@@ -1,0 +1,49 @@
+"""Reading a server's log: the faults it shows (OOM, CUDA errors, tracebacks, a dead engine, a
+kernel compiled during inference) and the first real exception behind a failed start."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+JIT_COMPILE = "jit_compile"
+LOG_FAULTS = {
+    "out_of_memory": re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory", re.I),
+    "cuda_error": re.compile(r"CUDA error|cudaError|illegal memory access|device-side assert"),
+    "traceback": re.compile(r"^Traceback \(most recent call last\)", re.M),
+    "engine_dead": re.compile(r"EngineDeadError|EngineCore encountered a fatal error"),
+    # vllm.utils.jit_monitor: a kernel compiled while serving. Not a fault of the kernel, but the
+    # level's timings include the compilation: the report flags that level.
+    JIT_COMPILE: re.compile(r"during inference: .*consider extending warmup"),
+}
+ADVISORY_LOG_KINDS = frozenset({JIT_COMPILE})  # flagged in the report, no gate counts them
+
+
+@dataclass(frozen=True)
+class LogFault:
+    side: str
+    kind: str
+    line: str
+
+
+def scan_log(side: str, text: str) -> list[LogFault]:
+    """Faults in a slice of a server log (the slice written during one level)."""
+    faults = []
+    for line in text.splitlines():
+        for kind, pattern in LOG_FAULTS.items():
+            if pattern.search(line):
+                faults.append(LogFault(side=side, kind=kind, line=line.strip()[:300]))
+    return faults
+
+
+_ERROR_LINE = re.compile(r"(?:^|\] )(\w+(?:Error|Exception)): (.+)")
+_WRAPPER_ERRORS = ("Engine core initialization failed", "WorkerProc failed")
+
+
+def root_cause(log: str) -> str:
+    """': <the first exception message in the log>', skipping vLLM's wrapper errors."""
+    for line in log.splitlines():
+        found = _ERROR_LINE.search(line)
+        if found and not any(wrapper in line for wrapper in _WRAPPER_ERRORS):
+            return f": {found.group(1)}: {found.group(2)[:300]}"
+    return ""

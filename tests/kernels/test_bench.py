@@ -1,0 +1,38 @@
+"""The bench's arithmetic (it only runs on a GPU): byte floors and the per-workload summary."""
+
+from dataclasses import asdict
+
+import pandas as pd
+import pytest
+
+from kernels.bench import QWEN35_SHAPE, WORKLOADS, Timing, floor_bytes, summary
+
+
+@pytest.mark.parametrize(
+    ("workload", "floor_us"), [("2k", 11), ("8k", 40), ("16k", 80), ("64x128", 102)]
+)
+def test_floor_is_the_issue_s_at_4_3_tb_per_s(workload, floor_us):
+    assert 1e6 * floor_bytes(WORKLOADS[workload], QWEN35_SHAPE) / 4.3e12 == pytest.approx(
+        floor_us, rel=0.03
+    )
+
+
+def test_summary_compares_the_default_and_names_the_best_variant():
+    rows = [
+        ("fla", "-", 700.0),
+        ("ns4", "default", 350.0),
+        ("ns4", "walk-bv64", 280.0),
+        ("ns3", "default", 340.0),
+        ("ns4:wy", "default", 60.0),
+        ("ns4:state", "default", 200.0),
+        ("ns4:output", "default", 80.0),
+    ]
+    frame = pd.DataFrame(
+        asdict(Timing("8k", kernel, variant, us, us, us, 40.0, 700.0 / us))
+        for kernel, variant, us in rows
+    )
+    row = summary(frame).iloc[0]
+    assert row["fla/ns4"] == pytest.approx(2.0)
+    assert row.best_variant == "walk-bv64" and row.best_us == 280.0
+    assert row["ns4/ns3"] == pytest.approx(350 / 340)
+    assert row["wy/state/out_us"] == "60/200/80"

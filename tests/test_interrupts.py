@@ -1,0 +1,50 @@
+"""Interrupt handling: SIGTERM acts as Ctrl-C; inside a deferred block the first interrupt is
+noted, the second calls the block's stop, and the handlers before the block come back after."""
+
+import os
+import signal
+
+import pytest
+
+from rig.interrupts import InterruptsDeferred, interrupts_raise
+
+
+class Stopped(Exception):
+    """What the test's `stop` raises in place of ending the process."""
+
+
+def _stop():
+    raise Stopped
+
+
+@pytest.fixture
+def restore_handlers():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
+def test_sigterm_and_sighup_raise_keyboard_interrupt(restore_handlers):
+    interrupts_raise()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signum)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_first_interrupt_is_noted_and_the_second_stops(restore_handlers, capsys):
+    interrupts_raise()
+    with pytest.raises(Stopped), InterruptsDeferred("noted", _stop) as deferred:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert deferred.received == signal.SIGINT
+        assert capsys.readouterr().out == "noted\n"
+        os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):  # the handlers from before the block are back
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_block_without_interrupts_notes_nothing(restore_handlers):
+    with InterruptsDeferred("noted", _stop) as deferred:
+        pass
+    assert deferred.received is None
