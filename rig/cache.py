@@ -5,7 +5,8 @@ The key covers the model (and a digest of its files), the vLLM version, the refe
 argv and environment (less ports, pinning and per-run paths; secrets as digests, since the key's
 fields are stored with the entry), the prompts, the sampling
 parameters and the concurrency levels. A hit restores the reference's records, its
-teacher-forced logprobs and the proof of which kernel it ran.
+teacher-forced replay of every completion it wrote (logprobs and top-k: the margins behind any
+divergence a later candidate shows) and the proof of which kernel it ran.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ DEFAULT_ROOT = Path(".cache/golden")
 SMALL_FILE_BYTES = 64 * 1024 * 1024
 RUN_SPECIFIC_ENV = {STATS_DIR_ENV, "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES"}
 RUN_SPECIFIC_ARGS = {"--port", "--host"}
+ENTRY_FORMAT = 2  # 2: the replay keeps each position's top-k (the verdict's margins)
 
 
 def model_digest(model_path: str) -> str:
@@ -79,6 +81,7 @@ def golden_key(
             exclude={"prompts", "timeout_s", "level_timeout_s", "request_rate", "burstiness"},
         ),
         "drift": scenario.drift.model_dump(mode="json"),
+        "entry_format": ENTRY_FORMAT,
     }
     blob = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode()
     return hashlib.sha256(blob).hexdigest()[:24], fields
@@ -91,7 +94,7 @@ class GoldenEntry:
     source_run: str
     records: list[RequestRecord]
     sequences: list[ForcedSequence]
-    forced: list[ForcedLogprobs]
+    forced: dict[int, ForcedLogprobs]  # by index into sequences: every one, with its top-k
     kernel: SideKernel
     timings: dict[str, float]
 
@@ -114,7 +117,7 @@ class GoldenCache:
             )
             for s in meta["sequences"]
         ]
-        forced = [ForcedLogprobs(tuple(f["logprobs"]), f["error"]) for f in meta["forced"]]
+        forced = {f["index"]: ForcedLogprobs.from_json(f) for f in meta["forced"]}
         return GoldenEntry(
             source_run=meta["source_run"],
             records=records,
@@ -137,7 +140,7 @@ class GoldenCache:
             "source_run": entry.source_run,
             "key_fields": fields,
             "sequences": [asdict(s) for s in entry.sequences],
-            "forced": [asdict(f) for f in entry.forced],
+            "forced": [{"index": i, **f.to_json()} for i, f in sorted(entry.forced.items())],
             "kernel": asdict(entry.kernel),
             "timings": entry.timings,
         }

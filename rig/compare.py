@@ -4,7 +4,10 @@ behind it, and pathologies on either side.
 Exact equality alone misleads both ways: bf16 near-ties flip tokens between two correct kernels,
 and small bugs leave text unchanged. So each mismatch is classified by the reference's top-1/top-2
 margin at the first divergent token: a *near-tie* (each side's token in the other's top-k and a
-margin within `near_tie_margin`) or a *substantive* divergence. Drift (rig.drift) completes it.
+margin within `near_tie_margin`) or a *substantive* divergence. The top-k come from the untimed
+teacher-forced replay of the reference completion (rig.drift), which reaches the divergent
+token along the prefix both sides generated: the timed requests carry no logprobs. Drift
+completes the verdict.
 """
 
 from __future__ import annotations
@@ -13,16 +16,21 @@ import argparse
 import math
 import re
 import sys
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from rig.records import RequestRecord, TokenLogprob
+from rig.drift import REPLAY_FILE, read_replay
+from rig.records import CompletionKey, RequestRecord, TokenLogprob
 
 EXCERPT_CHARS = 40
 DivergenceKind = Literal["near_tie", "substantive", "unclassified"]
 
 TRANSPORT_ERRORS = ("timeout", "http_", "connection", "malformed_sse", "cancelled")
+# Each side's replay along the reference completions: side -> completion -> positions
+# (rig.drift.forced_positions).
+Replayed = Mapping[str, Mapping[CompletionKey, Sequence[TokenLogprob]]]
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,9 @@ class Divergence:
     reference_token_rank_in_candidate: int | None = None
     reference_margin: float | None = None  # reference top-1 minus top-2 logprob
     kind: DivergenceKind = "unclassified"
+    # Each side's top-k (token id -> logprob) at the divergent token, from the replay.
+    reference_top: dict[int, float] | None = field(default=None, compare=False)
+    candidate_top: dict[int, float] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,8 @@ class PairResult:
             "pathologies": ";".join(f"{p.side}:{p.kind}" for p in self.pathologies),
         }
         if self.divergence is not None:
-            row.update({f"div_{k}": v for k, v in asdict(self.divergence).items() if k != "kind"})
+            skip = {"kind", "reference_top", "candidate_top"}
+            row.update({f"div_{k}": v for k, v in asdict(self.divergence).items() if k not in skip})
         return row
 
 
@@ -126,10 +138,24 @@ def _first_char_mismatch(a: str, b: str) -> int:
     return min(len(a), len(b))
 
 
+def replayed_positions(
+    replayed: Replayed | None, side: str, reference: RequestRecord
+) -> Sequence[TokenLogprob]:
+    """`side`'s replay along the reference's completion; empty when it was not replayed."""
+    if replayed is None or not reference.token_ids:
+        return ()
+    key = (reference.prompt_id, tuple(reference.token_ids))
+    return replayed.get(side, {}).get(key, ())
+
+
 def first_divergence(
-    reference: RequestRecord, candidate: RequestRecord, near_tie_margin: float
+    reference: RequestRecord,
+    candidate: RequestRecord,
+    near_tie_margin: float,
+    replayed: Replayed | None = None,
 ) -> Divergence | None:
-    """None when the texts are identical; else the first difference, classified."""
+    """None when the texts are identical; else the first difference, classified from both
+    sides' replay along the reference completion (unclassified where it is missing)."""
     if reference.text == candidate.text:
         return None
     char_index = _first_char_mismatch(reference.text, candidate.text)
@@ -145,16 +171,21 @@ def first_divergence(
         return Divergence(char_index=char_index, token_index=None, **excerpt)
     ref_token = _at(reference.token_ids, token_index)
     cand_token = _at(candidate.token_ids, token_index)
-    ref_position = _at(reference.logprobs or [], token_index)
-    cand_position = _at(candidate.logprobs or [], token_index)
+    # Both replays force the reference's tokens: up to the divergence that is each side's own
+    # prefix, so position `token_index` holds what each side chose its token from.
+    ref_position = _at(replayed_positions(replayed, reference.side, reference), token_index)
+    cand_position = _at(replayed_positions(replayed, candidate.side, reference), token_index)
     fields: dict = {"reference_token_id": ref_token, "candidate_token_id": cand_token}
     if ref_position is not None:
         fields["reference_logprob"] = ref_position.logprob
         fields["reference_margin"] = _margin(ref_position)
+        fields["reference_top"] = dict(ref_position.top)
         if cand_token is not None:
             fields["candidate_token_rank_in_reference"] = _rank(cand_token, ref_position.top)
     if cand_position is not None:
-        fields["candidate_logprob"] = cand_position.logprob
+        fields["candidate_top"] = dict(cand_position.top)
+        if cand_token is not None:
+            fields["candidate_logprob"] = cand_position.top.get(cand_token)
         if ref_token is not None:
             fields["reference_token_rank_in_candidate"] = _rank(ref_token, cand_position.top)
     kind: DivergenceKind = "unclassified"
@@ -196,8 +227,11 @@ def _repetition_loop(token_ids: list[int] | None, text: str) -> str | None:
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def content_pathologies(record: RequestRecord, max_tokens: int | None) -> list[tuple[str, str]]:
-    """(kind, detail) for what is wrong with one response on its own."""
+def content_pathologies(
+    record: RequestRecord, max_tokens: int | None, replayed: Sequence[TokenLogprob] = ()
+) -> list[tuple[str, str]]:
+    """(kind, detail) for what is wrong with one response on its own; `replayed`: its side's
+    replay along the pair's reference completion (NaN/inf logprobs show a broken kernel)."""
     if record.error is not None:
         kind = record.error.split(":", 1)[0].strip() or "error"
         return [(kind, record.error)]
@@ -210,7 +244,7 @@ def content_pathologies(record: RequestRecord, max_tokens: int | None) -> list[t
         found.append(("invalid_utf8", "lone surrogate in decoded text"))
     nonfinite = sum(
         1
-        for position in record.logprobs or []
+        for position in replayed
         if not math.isfinite(_finite_or_floor(position.logprob))
         or any(not math.isfinite(_finite_or_floor(v)) for v in position.top.values())
     )
@@ -233,10 +267,17 @@ def is_transport_error(kind: str) -> bool:
 
 
 def pair_pathologies(
-    reference: RequestRecord, candidate: RequestRecord, max_tokens: int | None
+    reference: RequestRecord,
+    candidate: RequestRecord,
+    max_tokens: int | None,
+    replayed: Replayed | None = None,
 ) -> tuple[Pathology, ...]:
-    ref_found = content_pathologies(reference, max_tokens)
-    cand_found = content_pathologies(candidate, max_tokens)
+    ref_found = content_pathologies(
+        reference, max_tokens, replayed_positions(replayed, reference.side, reference)
+    )
+    cand_found = content_pathologies(
+        candidate, max_tokens, replayed_positions(replayed, candidate.side, reference)
+    )
     ref_kinds = {kind for kind, _ in ref_found}
     found = [Pathology("reference", kind, detail, False) for kind, detail in ref_found]
     found += [
@@ -255,8 +296,10 @@ def compare_pairs(
     candidate: list[RequestRecord],
     near_tie_margin: float,
     max_tokens: int | None = None,
+    replayed: Replayed | None = None,
 ) -> list[PairResult]:
-    """Pair by request_id (both sides get the same ordered requests) and compare each pair."""
+    """Pair by request_id (both sides get the same ordered requests) and compare each pair;
+    `replayed`: each side's teacher-forced top-k along the reference completions."""
     by_id = {record.request_id: record for record in candidate}
     missing = [record.request_id for record in reference if record.request_id not in by_id]
     if missing:
@@ -266,9 +309,11 @@ def compare_pairs(
     results = []
     for ref in reference:
         cand = by_id[ref.request_id]
-        pathologies = pair_pathologies(ref, cand, max_tokens)
+        pathologies = pair_pathologies(ref, cand, max_tokens, replayed)
         both_answered = ref.error is None and cand.error is None
-        divergence = first_divergence(ref, cand, near_tie_margin) if both_answered else None
+        divergence = (
+            first_divergence(ref, cand, near_tie_margin, replayed) if both_answered else None
+        )
         results.append(
             PairResult(
                 request_id=ref.request_id,
@@ -311,7 +356,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reference = read_records(args.run_a, args.side_a)
         candidate = read_records(args.run_b, args.side_b)
-        pairs = compare_pairs(reference, candidate, args.near_tie_margin)
+        if args.side_b == args.side_a:  # two runs' same side: keep their replays apart
+            candidate = [replace(r, side=f"{r.side} (B)") for r in candidate]
+        # A side's replay follows its run's reference completions: it serves wherever the
+        # other run's reference wrote the same completion.
+        replayed = {
+            args.side_a: read_replay(args.run_a / REPLAY_FILE).get(args.side_a, {}),
+            candidate[0].side: read_replay(args.run_b / REPLAY_FILE).get(args.side_b, {}),
+        }
+        pairs = compare_pairs(reference, candidate, args.near_tie_margin, replayed=replayed)
     except (OSError, ValueError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from rig.placement import server_label
 from rig.salts import validate_cache_salt
 
 Endpoint = Literal["completions", "chat"]
+CompletionKey = tuple[str, tuple[int, ...]]  # (prompt id, completion token ids)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class SamplingParams:
     max_tokens: int
     seed: int = 0
     top_logprobs: int = 0  # 0: do not ask for logprobs
+    ignore_eos: bool = False  # True: always max_tokens (vllm bench serve --ignore-eos)
     chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": False}
     extra_body: dict = field(default_factory=dict)  # merged into the JSON body last
 
@@ -66,8 +68,11 @@ class ServerTarget:
 
 @dataclass(frozen=True)
 class TokenLogprob:
+    """One position: the token there (sampled, or forced by the replay), its logprob (None when
+    the server gave none) and the top-k."""
+
     token_id: int
-    logprob: float
+    logprob: float | None
     top: dict[int, float]  # top-k alternatives: token id -> logprob
 
 

@@ -22,7 +22,7 @@ from rig.compare import PairResult
 from rig.drift import DriftResult
 from rig.metrics import bench_results, request_frame, summary_frame
 from rig.perf import AA, candidate_rows, perf_frame
-from rig.records import RequestRecord
+from rig.records import CompletionKey, RequestRecord, TokenLogprob
 from rig.report_format import DASH, check, missing, number
 from rig.report_html import render_html
 from rig.report_mismatches import Decode, mismatch_order
@@ -88,6 +88,8 @@ class RunOutcome:
     perf: pd.DataFrame | None = None  # rig.perf.perf_frame, with the A/A floor when it ran
     error: str | None = None
     prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
+    # Each side's teacher-forced replay along the reference completions (rig.drift.forced_positions)
+    replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

@@ -16,7 +16,6 @@ import math
 
 import pandas as pd
 
-from rig.records import RequestRecord
 from rig.report_assets import POLICY, SCRIPT, STYLE
 from rig.report_format import cell, check, esc, number, table
 from rig.report_levels import levels_section
@@ -152,14 +151,15 @@ def evidence_section(outcome) -> str:
 DRIFT_ROWS = 25
 
 
-def margin_block(records: list[RequestRecord], near_tie_margin: float | None) -> str:
+def margin_block(replayed: dict, near_tie_margin: float | None) -> str:
     """The greedy-margin CDF of both sides, or one line saying why there is none."""
-    png = margin_figure(side_margins(records), near_tie_margin)
+    png = margin_figure(side_margins(replayed), near_tie_margin)
     if png is None:
-        return "<p>No greedy margins: no timed request carries top-k logprobs.</p>"
+        return "<p>No greedy margins: no completion was replayed with top-k logprobs.</p>"
     return (
         f'<figure><img alt="greedy margin distribution" src="data:image/png;base64,{png}">'
-        "<figcaption>Margin of the chosen token over its runner-up at every generated position: "
+        "<figcaption>Margin of each side's best token over its runner-up at every position of "
+        "the teacher-forced replay of the reference completions: "
         "positions left of the dashed near-tie margin are near-ties, where a correct kernel's "
         "rounding may flip a token, so their share says how many divergences to expect from "
         "noise alone.</figcaption></figure>"
@@ -169,7 +169,7 @@ def margin_block(records: list[RequestRecord], near_tie_margin: float | None) ->
 def drift_section(outcome) -> str:
     parts = ['<section id="drift"><h2>Teacher-forced drift and greedy margins</h2>']
     gates = (outcome.manifest.get("scenario") or {}).get("gates") or {}
-    margins = margin_block(outcome.records, gates.get("near_tie_margin"))
+    margins = margin_block(outcome.replayed, gates.get("near_tie_margin"))
     if not outcome.drift:
         parts += ["<p>No drift replay in this run.</p>", margins, "</section>"]
         return "\n".join(parts)

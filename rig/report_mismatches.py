@@ -1,7 +1,8 @@
 """The mismatches of report.html, the way a reviewer reads them: one card per mismatched pair,
 substantive first, with both completions side by side and the first divergent token marked,
-both sides' top-k logprobs at that token, long outputs folded, and data attributes that the
-page's filters (level, prompt category, label) select on."""
+both sides' top-k logprobs at that token (from the teacher-forced replay, rig.drift), long
+outputs folded, and data attributes that the page's filters (level, prompt category, label)
+select on."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from rig.compare import PairResult
-from rig.records import RequestRecord, TokenLogprob
+from rig.records import RequestRecord
 from rig.report_format import DASH, cell, esc, number
 
 # token ids -> text, from the served model's tokenizer when the report stage can load it
@@ -118,12 +119,12 @@ def _token_text(token_id: int | None, decode: Decode | None) -> str:
 
 
 def _topk(
-    position: TokenLogprob | None, own: int | None, other: int | None, decode: Decode | None
+    top: dict[int, float] | None, own: int | None, other: int | None, decode: Decode | None
 ) -> str:
-    if position is None:
+    if top is None:
         return "<p>no logprobs at this position</p>"
     ordered = sorted(
-        position.top.items(),
+        top.items(),
         key=lambda item: -(item[1] if item[1] is not None and math.isfinite(item[1]) else -1e30),
     )
     rows = []
@@ -137,12 +138,6 @@ def _topk(
         '<table class="topk"><thead><tr><th>rank</th><th>token</th><th>logprob</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
-
-
-def _position(record: RequestRecord | None, index: int | None) -> TokenLogprob | None:
-    if record is None or index is None or not record.logprobs or index >= len(record.logprobs):
-        return None
-    return record.logprobs[index]
 
 
 def mismatch_card(
@@ -167,9 +162,10 @@ def mismatch_card(
         f"<span class='facts'>{esc(' · '.join(facts))}</span></summary>"
     )
     sides = []
-    for side, record, own, other in (
-        ("reference", ref, d and d.reference_token_id, d and d.candidate_token_id),
-        ("candidate", cand, d and d.candidate_token_id, d and d.reference_token_id),
+    ref_token, cand_token = (d.reference_token_id, d.candidate_token_id) if d else (None, None)
+    for side, record, own, other, top in (
+        ("reference", ref, ref_token, cand_token, d and d.reference_top),
+        ("candidate", cand, cand_token, ref_token, d and d.candidate_top),
     ):
         text = record.text if record is not None else ""
         body = completion_html(text, divergent_span(record, pair, decode))
@@ -178,8 +174,7 @@ def mismatch_card(
         if d is not None and d.token_index is not None:
             topk = (
                 f"<p class='topk-title'>top-k at token {d.token_index:,}: "
-                f"{esc(_token_text(own, decode))} chosen</p>"
-                + _topk(_position(record, d.token_index), own, other, decode)
+                f"{esc(_token_text(own, decode))} chosen</p>" + _topk(top, own, other, decode)
             )
         sides.append(f'<div class="side"><h4>{side}</h4>{error}{body}{topk}</div>')
     pathologies = "".join(

@@ -1,7 +1,8 @@
 """The figures of report.html, drawn with matplotlib into inline PNGs (no file, no network):
 per level, both sides' latency distributions as CDFs and the throughput of every repeat; the
 teacher-forced drift per sequence, candidate next to the A/A floor; each side's greedy margins
-(how far the chosen token led its runner-up), where a correct kernel may flip a token.
+(how far the best token led its runner-up along the teacher-forced replay), where a correct
+kernel may flip a token.
 
 A CDF shows the whole distribution (tail included) of hundreds of requests in one small panel,
 where a table of means and three percentiles hides how the two sides differ.
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rig.drift import DriftResult
-from rig.records import RequestRecord, TokenLogprob
+from rig.records import CompletionKey, RequestRecord, TokenLogprob
 
 SIDE_COLOURS = {"reference": "#1f5fa8", "candidate": "#c2381f", "A/A": "#7a7a7a"}
 CDF_POINTS = 200  # a long distribution is drawn through this many quantiles
@@ -142,8 +143,8 @@ def drift_figure(
 
 @dataclass
 class SideMargins:
-    """One side's greedy margins (nats) at every generated position that had a runner-up, and
-    the share of those positions under each of MARGIN_MARKS."""
+    """One side's greedy margins (nats) at every replayed completion position that had a
+    runner-up, and the share of those positions under each of MARGIN_MARKS."""
 
     side: str
     margins: list[float]
@@ -151,29 +152,26 @@ class SideMargins:
 
 
 def position_margin(position: TokenLogprob) -> float | None:
-    """Chosen token's logprob minus the best other token's in the top-k; None when the top-k
-    has fewer than 2 entries or the chosen logprob is missing or not finite (vLLM answers NaN
-    as null, as it does for a broken kernel's output)."""
-    if len(position.top) < 2 or position.logprob is None or not math.isfinite(position.logprob):
+    """How far the side's best token led its runner-up (top-1 minus top-2 of its top-k): the
+    margin a greedy choice there had. None when the top-k has fewer than 2 finite entries
+    (vLLM answers NaN as null, as it does for a broken kernel's output)."""
+    values = sorted(
+        (v for v in position.top.values() if v is not None and not math.isnan(v)), reverse=True
+    )
+    if len(values) < 2 or not math.isfinite(values[0]):
         return None
-    others = [
-        v for token, v in position.top.items() if token != position.token_id and v is not None
-    ]
-    if not others:
-        return None
-    margin = position.logprob - max(others)
-    return None if math.isnan(margin) else margin
+    return values[0] - values[1]
 
 
-def side_margins(records: list[RequestRecord]) -> list[SideMargins]:
-    """Per side (reference first), the margins of the timed records that carry logprobs;
-    warm-up records are left out. Empty when no such record has a measurable position."""
+def side_margins(
+    replayed: dict[str, dict[CompletionKey, Sequence[TokenLogprob]]],
+) -> list[SideMargins]:
+    """Per side (reference first), the margins along every completion it replayed (rig.drift:
+    the timed requests carry no logprobs). Empty when no position is measurable."""
     by_side: dict[str, list[float]] = {}
-    for record in records:
-        if record.warmup or not record.logprobs:
-            continue
-        measured = (position_margin(p) for p in record.logprobs)
-        by_side.setdefault(record.side, []).extend(m for m in measured if m is not None)
+    for side, completions in replayed.items():
+        measured = (position_margin(p) for positions in completions.values() for p in positions)
+        by_side[side] = [m for m in measured if m is not None]
     return [
         SideMargins(
             side,
@@ -224,7 +222,7 @@ def margin_figure(measured: list[SideMargins], near_tie_margin: float | None) ->
     axis.set_xticks(ticks, [f"{t:g}" for t in ticks])
     axis.set_ylim(0, 1.02)
     axis.set_title(
-        "greedy margin per generated position: chosen − best other logprob (nats), CDF",
+        "greedy margin per replayed completion position: top-1 − top-2 logprob (nats), CDF",
         fontsize=9,
     )
     axis.grid(alpha=0.3)

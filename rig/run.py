@@ -24,12 +24,16 @@ from kernels.registry import planted_delay_ms
 from rig.cache import GoldenCache, GoldenEntry, golden_key
 from rig.compare import compare_pairs
 from rig.drift import (
+    REPLAY_FILE,
     DriftResult,
     ForcedLogprobs,
     ForcedSequence,
     drift_results,
+    forced_positions,
     forced_sequences,
     replay_forced,
+    replay_selection,
+    write_replay,
 )
 from rig.hardware import Hardware
 from rig.interrupts import InterruptsDeferred, interrupts_raise
@@ -113,7 +117,7 @@ class RunState:
     prefix_cache: list[PrefixCacheDelta] = field(default_factory=list)
     faults: list[LevelFault] = field(default_factory=list)
     sequences: list[ForcedSequence] = field(default_factory=list)
-    forced: dict[str, list[ForcedLogprobs]] = field(default_factory=dict)
+    forced: dict[str, dict[int, ForcedLogprobs]] = field(default_factory=dict)  # by sequence
     timings: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     proofs: dict[str, KernelProof] = field(default_factory=dict)  # by server label
@@ -441,14 +445,48 @@ class Runner:
                 for pid, p in self.prompts_by_id.items()
             }
             reference_records = [r for r in self.state.records if r.side == "reference"]
-            sequences = forced_sequences(reference_records, bodies, targets["reference"])
-            limit = self.scenario.drift.max_requests
-            self.state.sequences = sequences[:limit] if limit else sequences
-        print(f"rig: teacher-forced replay of {len(self.state.sequences)} sequences", flush=True)
-        replayed = replay_forced(
-            self.state.sequences, list(targets.values()), salt_prefix=f"{self.run_id}.drift"
+            self.state.sequences = forced_sequences(reference_records, bodies, targets["reference"])
+        self.replay(targets, "drift")
+
+    def replay_indices(self, side: str) -> list[int]:
+        """Which of the sequences `side` replays. The reference: every completion it wrote
+        (which pairs diverge is known only once the candidate ran, perhaps from the golden
+        cache); another side: the drift's sample and the completions its pairs diverge from."""
+        if side == "reference":
+            return list(range(len(self.state.sequences)))
+        records = self.state.aa_records if side == AA_SIDE else self.state.records
+        return replay_selection(
+            self.state.sequences,
+            [r for r in self.state.records if r.side == "reference"],
+            [r for r in records if r.side == side],
+            self.scenario.drift.max_requests,
         )
-        self.state.forced.update(replayed)
+
+    def replay(self, targets: dict[str, ServerTarget], tag: str, concurrency: int = 1) -> None:
+        """Teacher-forced replay with top-k, untimed: what several sides replay, they replay
+        together (one sequence at a time on all of them, unless `concurrency` lets the server
+        batch them), the rest one side at a time."""
+        sequences = self.state.sequences
+        wanted = {side: self.replay_indices(side) for side in targets}
+        shared = sorted(set.intersection(*(set(indices) for indices in wanted.values())))
+        calls = [(f"{tag}", list(targets.values()), shared)] + [
+            (f"{tag}-{side}", [targets[side]], sorted(set(indices) - set(shared)))
+            for side, indices in wanted.items()
+        ]
+        counts = ", ".join(f"{side} {len(indices)}" for side, indices in wanted.items())
+        print(f"rig: teacher-forced replay of {len(sequences)} sequences ({counts})", flush=True)
+        for prefix, call_targets, indices in calls:
+            if not indices:
+                continue
+            replayed = replay_forced(
+                [sequences[i] for i in indices],
+                call_targets,
+                salt_prefix=f"{self.run_id}.{prefix}",
+                top_k=self.scenario.drift.top_logprobs,
+                concurrency=concurrency,
+            )
+            for side, answers in replayed.items():
+                self.state.forced.setdefault(side, {}).update(zip(indices, answers, strict=True))
 
     @property
     def aa_concurrency(self) -> int:
@@ -479,10 +517,7 @@ class Runner:
         )
         self.state.aa_records = results[AA_SIDE]
         if self.state.sequences:
-            replayed = replay_forced(
-                self.state.sequences, [target], f"{self.run_id}.aa-drift", concurrency
-            )
-            self.state.forced[AA_SIDE] = replayed[AA_SIDE]
+            self.replay({AA_SIDE: target}, "aa-drift", concurrency)
 
     def store_golden(self) -> None:
         """Keep this run's reference results for the next candidate iteration."""
@@ -499,7 +534,7 @@ class Runner:
             source_run=self.run_id,
             records=reference,
             sequences=self.state.sequences,
-            forced=self.state.forced.get("reference", []),
+            forced=self.state.forced.get("reference", {}),
             kernel=self.side_kernels["reference"],
             timings=dict(self.state.timings),
         )
@@ -551,8 +586,15 @@ class Runner:
         candidate = [r for r in finished if r.side == "candidate"]
         answered = {r.request_id for r in candidate}
         reference = [r for r in reference if r.request_id in answered]
+        replayed = {
+            side: forced_positions(state.sequences, forced) for side, forced in state.forced.items()
+        }
         pairs = compare_pairs(
-            reference, candidate, scenario.gates.near_tie_margin, scenario.workload.max_tokens
+            reference,
+            candidate,
+            scenario.gates.near_tie_margin,
+            scenario.workload.max_tokens,
+            replayed,
         )
         drift = self._drift("candidate")
         aa_pairs = aa_drift = None
@@ -564,6 +606,7 @@ class Runner:
                 state.aa_records,
                 scenario.gates.near_tie_margin,
                 scenario.workload.max_tokens,
+                replayed,
             )
             aa_drift = self._drift(AA_SIDE)
         hits = sum(p.hits for p in state.prefix_cache)
@@ -610,6 +653,7 @@ class Runner:
             perf=perf,
             error=error,
             prompt_categories={p.id: p.category for p in self.prompts if p.category},
+            replayed={side: replayed[side] for side in SIDES if side in replayed},
         )
 
     def planted_delay(self) -> PlantedDelay | None:
@@ -811,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
         if error is None:
             runner.store_golden()
         try:
+            write_replay(run_dir / REPLAY_FILE, runner.state.sequences, runner.state.forced)
             outcome = runner.outcome(error)
             paths = write_report(outcome)
         except Exception as exc:  # the raw results are on disk; say where, keep the traceback

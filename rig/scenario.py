@@ -178,16 +178,34 @@ class WorkloadConfig(_Strict):
     burstiness: float = Field(1.0, gt=0)
     timeout_s: float = Field(600.0, gt=0)
     level_timeout_s: float | None = Field(None, gt=0, description="deadline for a whole level")
-    top_logprobs: int = Field(5, ge=0, le=20)
+    top_logprobs: int = Field(
+        0,
+        ge=0,
+        le=20,
+        description="top-k logprobs on every timed request, for your own use; 0 (default): "
+        "none, as production sends (the verdict's margins come from the untimed replay)",
+    )
+    ignore_eos: bool = Field(
+        False, description="generate max_tokens whatever the model says (fixed-length outputs)"
+    )
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
 
 class DriftConfig(_Strict):
-    """Teacher-forced replay of the reference completions on both sides (not timed)."""
+    """Teacher-forced replay of the reference completions on both sides (not timed): the drift,
+    and each side's top-k where a pair's texts part (the margin behind a divergence)."""
 
-    enabled: bool = True
-    max_requests: int | None = Field(None, gt=0)
+    enabled: bool = Field(True, description="false: no replay, so no drift and no margins")
+    max_requests: int | None = Field(
+        None,
+        gt=0,
+        description="sequences the drift measures on the candidate; the pairs that diverge "
+        "and, on the reference, every completion are replayed beyond it for their margins",
+    )
+    top_logprobs: int = Field(
+        5, ge=1, le=20, description="k of the replay's top-k (prompt_logprobs) at every position"
+    )
 
 
 class ControlConfig(_Strict):

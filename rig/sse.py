@@ -15,7 +15,9 @@ from rig.records import RequestRecord, RequestSpec, TokenLogprob
 
 
 def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
-    """The JSON body for one request: greedy, streamed, salted, token ids and usage returned."""
+    """The JSON body for one request: greedy, streamed, salted, token ids and usage returned.
+    Logprobs only when the scenario asks (they cost sampler and payload time that production
+    does not spend; the verdict's margins come from the untimed replay, rig.drift)."""
     sampling = spec.sampling
     body: dict[str, Any] = {"model": model}
     if spec.endpoint == "chat":
@@ -32,6 +34,8 @@ def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
         cache_salt=spec.cache_salt,
         return_token_ids=True,
     )
+    if sampling.ignore_eos:
+        body["ignore_eos"] = True
     if sampling.top_logprobs > 0:
         body["return_tokens_as_token_ids"] = True
         if spec.endpoint == "chat":

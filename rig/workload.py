@@ -44,6 +44,7 @@ def sampling_params(workload: WorkloadConfig) -> SamplingParams:
         max_tokens=workload.max_tokens,
         seed=workload.seed,
         top_logprobs=workload.top_logprobs,
+        ignore_eos=workload.ignore_eos,
         chat_template_kwargs=workload.chat_template_kwargs,
         extra_body=dict(workload.extra_body),
     )

@@ -1,7 +1,8 @@
 """A synthetic run for the report tests: two levels, two repeats, an A/A control, and every
 kind of mismatch a reviewer meets (substantive with hostile model output in the text: script,
 a textarea and an attribute broken out of, bidi controls; near-tie, a long completion, a failed
-request), built from RequestRecords with token ids and top-k logprobs."""
+request), built from RequestRecords with token ids and each side's teacher-forced top-k along
+the reference completions (the replay; timed records carry none)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from rig.compare import compare_pairs
 from rig.drift import DriftResult
-from rig.records import RequestRecord, TokenLogprob
+from rig.records import CompletionKey, RequestRecord, TokenLogprob
 from rig.report import LevelFault, PrefixCacheDelta, RunOutcome
 from rig.scenario import GatesConfig
 from rig.verdict import SideKernel, decide
@@ -53,13 +54,16 @@ class Vocabulary:
 
 
 def _logprobs(ids: list[int], alternatives: dict[int, dict[int, float]]) -> list[TokenLogprob]:
-    """Greedy top-k: the chosen token far ahead of an unrelated runner-up, except where
+    """A replay's top-k: the forced token far ahead of an unrelated runner-up, except where
     `alternatives` gives that position's top-k."""
     positions = []
     for index, token in enumerate(ids):
         top = alternatives.get(index, {token: -0.01, token + 1000: -9.0, token + 1001: -11.5})
         positions.append(TokenLogprob(token, top.get(token, -0.01), top))
     return positions
+
+
+Replayed = dict[str, dict[CompletionKey, list[TokenLogprob]]]
 
 
 def _pair(
@@ -69,20 +73,26 @@ def _pair(
     reference_text: str,
     candidate_text: str,
     timing: random.Random,
+    replayed: Replayed,
     near_tie_at: int | None = None,
     **candidate_fields,
 ) -> list[RequestRecord]:
+    """Both records of one request pair; each side's replay along the reference completion
+    goes into `replayed` (a near-tie's replay replaces the plain one of the same completion)."""
     records = []
+    reference_ids = vocabulary.encode(reference_text)
+    candidate_ids = vocabulary.encode(candidate_text)
     for side, text in (("reference", reference_text), ("candidate", candidate_text)):
         ids = vocabulary.encode(text)
         alternatives = {}
         if near_tie_at is not None:
-            ref_id, cand_id = (
-                vocabulary.encode(reference_text)[near_tie_at],
-                vocabulary.encode(candidate_text)[near_tie_at],
-            )
+            ref_id, cand_id = reference_ids[near_tie_at], candidate_ids[near_tie_at]
             own, other = (ref_id, cand_id) if side == "reference" else (cand_id, ref_id)
             alternatives[near_tie_at] = {own: -0.70, other: -0.78, own + 2000: -3.2}
+        completions = replayed.setdefault(side, {})
+        key = (request["prompt_id"], tuple(reference_ids))
+        if near_tie_at is not None or key not in completions:
+            completions[key] = _logprobs(reference_ids, alternatives)
         slow = 1.15 if side == "candidate" else 1.0
         fields = {
             "prompt_id": request["prompt_id"],
@@ -90,7 +100,6 @@ def _pair(
             "repeat": request["repeat"],
             "index": request["index"],
             "token_ids": ids,
-            "logprobs": _logprobs(ids, alternatives),
             "output_tokens": len(ids),
             "prompt_tokens": 40,
             "sent_at": 1000.0 + request["index"] * 0.05 + request["repeat"] * 10,
@@ -114,6 +123,7 @@ def synthetic_outcome(
     timing = random.Random(7)
     prompts = ["math-01", "coding-02", "long-1000-0", "chat-03", "math-02", "coding-05"]
     records: list[RequestRecord] = []
+    replayed: Replayed = {}
     for level in (1, 4):
         for repeat in (0, 1):
             for index, prompt_id in enumerate(prompts):
@@ -146,12 +156,13 @@ def synthetic_outcome(
                     answer,
                     candidate,
                     timing,
+                    replayed,
                     near_tie_at,
                     **extra,
                 )
     reference = [r for r in records if r.side == "reference"]
     candidate = [r for r in records if r.side == "candidate"]
-    pairs = compare_pairs(reference, candidate, near_tie_margin=0.25, max_tokens=2048)
+    pairs = compare_pairs(reference, candidate, 0.25, max_tokens=2048, replayed=replayed)
     drift = [
         DriftResult(p, 12, 0.9 * (i + 1), 0.3 * (i + 1), 0.8 * (i + 1), 0.2, 0.6, 0)
         for i, p in enumerate(prompts)
@@ -159,7 +170,7 @@ def synthetic_outcome(
     aa_pairs = aa_drift = None
     if with_aa:
         first = [r for r in reference if r.level == 1 and r.repeat == 0]
-        aa_pairs = compare_pairs(first, first, near_tie_margin=0.25, max_tokens=2048)
+        aa_pairs = compare_pairs(first, first, 0.25, max_tokens=2048, replayed=replayed)
         aa_drift = [DriftResult(p, 12, 0.0, 0.0, 0.0, 0.0, 0.0, 0) for p in prompts]
     gates = GatesConfig(max_mean_drift=0.1, max_mean_prompt_drift=0.25)
     verdict = decide(gates, pairs, drift, 0.0, KERNELS, "ns3", False, 1, None, aa_pairs, aa_drift)
@@ -188,5 +199,6 @@ def synthetic_outcome(
         aa_drift=aa_drift,
         timings={"wall_s": 81.5},
         prompt_categories={"long-1000-0": "long"},
+        replayed=replayed,
     )
     return outcome, vocabulary

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from rig.compare import (
@@ -12,32 +14,29 @@ from rig.compare import (
     read_records,
 )
 from rig.compare import main as compare_main
+from rig.drift import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
 from rig.records import TokenLogprob
 
 MARGIN = 0.25
 
 
 def position(token_id: int, top: dict[int, float]) -> TokenLogprob:
-    """One generated token: its own logprob is its entry in `top`."""
-    return TokenLogprob(token_id=token_id, logprob=top[token_id], top=top)
+    """One replayed position: the forced token, the logprob this side gives it, its top-k."""
+    return TokenLogprob(token_id=token_id, logprob=top.get(token_id), top=top)
 
 
 def pair_at_third_token(make_record, ref_top: dict[int, float], cand_top: dict[int, float]):
-    """Reference writes tokens 1 2 3 4, candidate 1 2 9 4: they part at token index 2."""
+    """Reference writes tokens 1 2 3 4, candidate 1 2 9 4: they part at token index 2. Both
+    sides replayed the reference's completion: `ref_top` and `cand_top` are each side's top-k
+    at the divergent token. Returns (reference, candidate, replayed)."""
+    ref = make_record("reference", text="one two three four", token_ids=[1, 2, 3, 4])
+    cand = make_record("candidate", text="one two nine four", token_ids=[1, 2, 9, 4])
     same = [position(1, {1: -0.1, 8: -3.0}), position(2, {2: -0.2, 8: -2.5})]
-    ref = make_record(
-        "reference",
-        text="one two three four",
-        token_ids=[1, 2, 3, 4],
-        logprobs=[*same, position(3, ref_top), position(4, {4: -0.1})],
-    )
-    cand = make_record(
-        "candidate",
-        text="one two nine four",
-        token_ids=[1, 2, 9, 4],
-        logprobs=[*same, position(9, cand_top), position(4, {4: -0.1})],
-    )
-    return ref, cand
+    replayed = {
+        side: {("p0", (1, 2, 3, 4)): [*same, position(3, top), position(4, {4: -0.1})]}
+        for side, top in (("reference", ref_top), ("candidate", cand_top))
+    }
+    return ref, cand, replayed
 
 
 # --- where the texts part ----------------------------------------------------------------------
@@ -50,14 +49,18 @@ def test_identical_texts_have_no_divergence(make_record):
 
 
 def test_char_and_token_index_of_the_first_difference(make_record):
-    ref, cand = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
-    divergence = first_divergence(ref, cand, MARGIN)
+    ref, cand, replayed = pair_at_third_token(
+        make_record, {3: -0.5, 9: -0.75}, {9: -0.25, 3: -0.625}
+    )
+    divergence = first_divergence(ref, cand, MARGIN, replayed)
     assert divergence.char_index == len("one two ")
     assert divergence.token_index == 2
     assert divergence.reference_token_id == 3
     assert divergence.candidate_token_id == 9
-    assert divergence.reference_logprob == -0.5
-    assert divergence.candidate_logprob == -0.5
+    assert divergence.reference_logprob == -0.5  # the reference's own token, on the reference
+    assert divergence.candidate_logprob == -0.25  # the candidate's own token, on the candidate
+    assert divergence.reference_top == {3: -0.5, 9: -0.75}
+    assert divergence.candidate_top == {9: -0.25, 3: -0.625}
 
 
 def test_excerpts_show_the_text_around_the_divergence(make_record):
@@ -111,10 +114,10 @@ def test_same_token_ids_but_different_text(make_record):
 
 
 def test_near_tie_when_both_tokens_are_in_each_others_top_k_and_the_margin_is_small(make_record):
-    ref, cand = pair_at_third_token(
+    ref, cand, replayed = pair_at_third_token(
         make_record, {3: -0.60, 9: -0.70, 5: -3.0}, {9: -0.65, 3: -0.68, 5: -3.0}
     )
-    divergence = first_divergence(ref, cand, MARGIN)
+    divergence = first_divergence(ref, cand, MARGIN, replayed)
     assert divergence.kind == "near_tie"
     assert divergence.reference_margin == pytest.approx(0.10)
     assert divergence.candidate_token_rank_in_reference == 2
@@ -123,48 +126,68 @@ def test_near_tie_when_both_tokens_are_in_each_others_top_k_and_the_margin_is_sm
 
 def test_margin_at_the_bound_is_a_near_tie_and_above_it_substantive(make_record):
     # -0.5 and -0.75 are exact in binary, so the margin is exactly 0.25.
-    ref, cand = pair_at_third_token(make_record, {3: -0.5, 9: -0.75}, {9: -0.5, 3: -0.75})
-    assert first_divergence(ref, cand, 0.25).kind == "near_tie"
-    assert first_divergence(ref, cand, 0.2).kind == "substantive"
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.75}, {9: -0.5, 3: -0.75})
+    assert first_divergence(ref, cand, 0.25, replayed).kind == "near_tie"
+    assert first_divergence(ref, cand, 0.2, replayed).kind == "substantive"
 
 
 def test_wide_margin_is_substantive(make_record):
-    ref, cand = pair_at_third_token(make_record, {3: -0.1, 9: -2.5}, {9: -0.4, 3: -0.5})
-    divergence = first_divergence(ref, cand, MARGIN)
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.1, 9: -2.5}, {9: -0.4, 3: -0.5})
+    divergence = first_divergence(ref, cand, MARGIN, replayed)
     assert divergence.kind == "substantive"
     assert divergence.reference_margin == pytest.approx(2.4)
 
 
 def test_candidate_token_outside_the_reference_top_k_is_substantive(make_record):
-    ref, cand = pair_at_third_token(make_record, {3: -0.50, 7: -0.55}, {9: -0.5, 3: -0.6})
-    divergence = first_divergence(ref, cand, MARGIN)
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.50, 7: -0.55}, {9: -0.5, 3: -0.6})
+    divergence = first_divergence(ref, cand, MARGIN, replayed)
     assert divergence.candidate_token_rank_in_reference is None
     assert divergence.kind == "substantive"
 
 
 def test_reference_token_outside_the_candidate_top_k_is_substantive(make_record):
-    ref, cand = pair_at_third_token(make_record, {3: -0.50, 9: -0.55}, {9: -0.5, 7: -0.6})
-    divergence = first_divergence(ref, cand, MARGIN)
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.50, 9: -0.55}, {9: -0.5, 7: -0.6})
+    divergence = first_divergence(ref, cand, MARGIN, replayed)
     assert divergence.reference_token_rank_in_candidate is None
     assert divergence.kind == "substantive"
 
 
 @pytest.mark.parametrize("missing", ["reference", "candidate", "both"])
-def test_missing_logprobs_leave_the_divergence_unclassified(make_record, missing):
-    ref, cand = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
-    if missing in ("reference", "both"):
-        ref.logprobs = None
-    if missing in ("candidate", "both"):
-        cand.logprobs = None
-    divergence = first_divergence(ref, cand, MARGIN)
+def test_a_side_that_did_not_replay_leaves_the_divergence_unclassified(make_record, missing):
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
+    for side in ("reference", "candidate"):
+        if missing in (side, "both"):
+            del replayed[side]
+    divergence = first_divergence(ref, cand, MARGIN, replayed)
     assert divergence.token_index == 2
     assert divergence.kind == "unclassified"
+    assert first_divergence(ref, cand, MARGIN).kind == "unclassified"  # no replay at all
 
 
-def test_logprobs_shorter_than_the_divergence_leave_it_unclassified(make_record):
-    ref, cand = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
-    cand.logprobs = cand.logprobs[:2]
-    assert first_divergence(ref, cand, MARGIN).kind == "unclassified"
+def test_a_replay_shorter_than_the_divergence_leaves_it_unclassified(make_record):
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
+    (key,) = replayed["candidate"]
+    replayed["candidate"][key] = replayed["candidate"][key][:2]
+    assert first_divergence(ref, cand, MARGIN, replayed).kind == "unclassified"
+
+
+def test_the_replay_is_found_by_the_reference_completion(make_record):
+    """Another completion of the same prompt (another level's answer) is not this pair's."""
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
+    for side in replayed.values():
+        side[("p0", (1, 2, 3, 5))] = side.pop(("p0", (1, 2, 3, 4)))
+    assert first_divergence(ref, cand, MARGIN, replayed).kind == "unclassified"
+    ref.token_ids = [1, 2, 3, 5]
+    assert first_divergence(ref, cand, MARGIN, replayed).kind == "near_tie"
+
+
+def test_timed_logprobs_are_not_read(make_record):
+    """One source of margins: a record's own logprobs (when a scenario asks for them) leave
+    the classification to the replay."""
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.1, 9: -2.5}, {9: -0.4, 3: -0.5})
+    ref.logprobs = [position(t, {t: -0.5, 9 if t == 3 else 3: -0.55}) for t in ref.token_ids]
+    cand.logprobs = [position(t, {t: -0.5, 3 if t == 9 else 9: -0.55}) for t in cand.token_ids]
+    assert first_divergence(ref, cand, MARGIN, replayed).kind == "substantive"
 
 
 def test_unclassified_counts_as_substantive_in_the_pair(make_record):
@@ -314,6 +337,20 @@ def test_candidate_transport_error_is_candidate_only(make_record):
     assert [(p.kind, p.candidate_only) for p in found] == [("http_500", True)]
 
 
+def test_nonfinite_logprobs_in_the_candidates_replay_are_a_candidate_pathology(make_record):
+    """vLLM sends a broken kernel's NaN as null, read as NaN (rig.drift)."""
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
+    cand.text = ref.text
+    key = ("p0", (1, 2, 3, 4))
+    replayed["candidate"][key][1] = position(2, {2: math.nan, 8: -2.5})
+    found = pair_pathologies(ref, cand, None, replayed)
+    assert [(p.side, p.kind, p.candidate_only) for p in found] == [
+        ("candidate", "nonfinite_logprobs", True)
+    ]
+    assert found[0].detail.startswith("1 positions")
+    assert pair_pathologies(ref, cand, None) == ()  # without a replay nothing to tell
+
+
 def test_gating_pathologies_are_candidate_only_or_transport_errors():
     shared = Pathology("reference", "empty_output", "", candidate_only=False)
     transport = Pathology("reference", "timeout", "", candidate_only=False)
@@ -365,11 +402,13 @@ def test_pair_keeps_the_request_coordinates(make_record):
 
 
 def test_as_row_flattens_the_divergence(make_record):
-    ref, cand = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
     cand.text = ""  # an empty candidate is also a pathology
     cand.token_ids = [1, 2, 9, 4]
-    (pair,) = compare_pairs([ref], [cand], MARGIN)
+    (pair,) = compare_pairs([ref], [cand], MARGIN, replayed=replayed)
     row = pair.as_row()
+    assert row["div_reference_margin"] == pytest.approx(0.1)
+    assert "div_reference_top" not in row and "div_candidate_top" not in row
     assert row["divergence_kind"] == pair.divergence.kind
     assert row["div_char_index"] == 0
     assert row["div_token_index"] == 2
@@ -417,6 +456,25 @@ def test_main_compares_two_stored_runs(make_record, tmp_path, capsys):
     )
     assert compare_main([str(run_a), str(other)]) == 1
     assert "1 substantive" in capsys.readouterr().out
+
+
+def test_main_classifies_from_the_runs_replays(make_record, tmp_path, capsys):
+    """Each side's top-k from its own run's replay.jsonl, found by the reference completion."""
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
+    sequence = ForcedSequence("p0", (7,), (1, 2, 3, 4))
+    runs = {}
+    for name, side, record in (("a", "reference", ref), ("b", "candidate", cand)):
+        runs[name] = store(tmp_path / name, [record])
+        positions = replayed[side][sequence.key]
+        answer = ForcedLogprobs(
+            (None, *(p.logprob for p in positions)), tuple(p.top for p in positions)
+        )
+        write_replay(runs[name] / REPLAY_FILE, [sequence], {side: {0: answer}})
+    assert compare_main([str(runs["a"]), str(runs["b"])]) == 0
+    assert "1 near-tie, 0 substantive" in capsys.readouterr().out
+    (runs["b"] / REPLAY_FILE).unlink()
+    assert compare_main([str(runs["a"]), str(runs["b"])]) == 1
+    assert "token 2 (unclassified" in capsys.readouterr().out
 
 
 def test_main_fails_when_requests_failed(make_record, tmp_path, capsys):

@@ -20,14 +20,20 @@ from rig.drift import (
     DriftResult,
     ForcedLogprobs,
     ForcedSequence,
+    _logprob_value,
+    _top_k,
     drift_between,
     drift_results,
+    forced_positions,
     forced_sequences,
+    read_replay,
     replay_forced,
+    replay_selection,
     teacher_forced_logprobs,
     tokenize,
+    write_replay,
 )
-from rig.records import ServerTarget
+from rig.records import ServerTarget, TokenLogprob
 from rig.salts import validate_cache_salt
 
 SEQUENCE = ForcedSequence("p0", prompt_token_ids=(10, 11, 12), completion_token_ids=(13, 14, 15))
@@ -110,11 +116,14 @@ def test_p99_over_many_positions():
 
 def test_drift_results_propagate_replay_errors():
     second = ForcedSequence("p1", (1, 2), (3,))
-    reference = [ForcedLogprobs((None, -1.0, -2.0, -0.5, -0.25, -1.0)), ForcedLogprobs((None,))]
-    candidate = [
-        ForcedLogprobs(error="RuntimeError: answered 500"),
-        ForcedLogprobs((None, -1.0, -1.0)),
-    ]
+    reference = {
+        0: ForcedLogprobs((None, -1.0, -2.0, -0.5, -0.25, -1.0)),
+        1: ForcedLogprobs((None,)),
+    }
+    candidate = {
+        0: ForcedLogprobs(error="RuntimeError: answered 500"),
+        1: ForcedLogprobs((None, -1.0, -1.0)),
+    }
     failed, measured = drift_results([SEQUENCE, second], reference, candidate)
     assert failed.error == "RuntimeError: answered 500"
     assert failed.prompt_id == "p0"
@@ -125,14 +134,19 @@ def test_drift_results_propagate_replay_errors():
 
 def test_drift_results_reference_error_wins_too():
     (result,) = drift_results(
-        [SEQUENCE], [ForcedLogprobs(error="ref down")], [ForcedLogprobs((None, -1.0))]
+        [SEQUENCE], {0: ForcedLogprobs(error="ref down")}, {0: ForcedLogprobs((None, -1.0))}
     )
     assert result.error == "ref down"
 
 
-def test_drift_results_need_one_answer_per_sequence():
-    with pytest.raises(ValueError):
-        drift_results([SEQUENCE], [], [])
+def test_drift_covers_the_sequences_both_sides_replayed():
+    """The reference replays every completion; a candidate only some: drift is over those."""
+    sequences = [SEQUENCE, ForcedSequence("p1", (1,), (2,)), ForcedSequence("p2", (1,), (3,))]
+    reference = {i: ForcedLogprobs((None, -1.0)) for i in range(3)}
+    candidate = {2: ForcedLogprobs((None, -1.5)), 0: ForcedLogprobs((None, -1.0))}
+    results = drift_results(sequences, reference, candidate)
+    assert [r.prompt_id for r in results] == ["p0", "p2"]
+    assert drift_results(sequences, reference, {}) == []
 
 
 # --- a stand-in for vLLM's endpoints -----------------------------------------------------------
@@ -146,6 +160,35 @@ def forced_logprob(model: str, token: int) -> float:
 
 def expected_vector(model: str, tokens) -> list[float | None]:
     return [None] + [forced_logprob(model, t) for t in tokens[1:]]
+
+
+def alternatives(token: int) -> dict[int, float]:
+    """The stand-in's tokens ahead of `token`: an odd token trails two others, so it is rank
+    3, beyond a top-2 (vLLM then still lists it, with its true rank)."""
+    return {token + 1000: 0.0, token + 2000: -1 / 32} if token % 2 else {}
+
+
+def prompt_entry(model: str, token: int, k: int) -> dict:
+    """vLLM's prompt_logprobs entry: the top-k by rank, and the forced token with its rank."""
+    ranked = sorted(alternatives(token).items(), key=lambda item: -item[1])
+    entry = {
+        str(other): {"logprob": value, "rank": rank, "decoded_token": "?"}
+        for rank, (other, value) in enumerate(ranked[:k], start=1)
+    }
+    own_rank = len(ranked) + 1
+    entry[str(token)] = {
+        "logprob": forced_logprob(model, token),
+        "rank": own_rank,
+        "decoded_token": chr(token),
+    }
+    return entry
+
+
+def expected_top(model: str, token: int, k: int) -> dict[int, float]:
+    top = dict(sorted(alternatives(token).items(), key=lambda item: -item[1])[:k])
+    if len(alternatives(token)) < k:
+        top[token] = forced_logprob(model, token)
+    return top
 
 
 def vllm_error(status: int, message: str) -> web.Response:
@@ -190,15 +233,10 @@ class FakeVllm:
         await asyncio.sleep(self.answer_delay_s)
         self.in_flight -= 1
         tokens = body["prompt"]
+        k = body["prompt_logprobs"]
         prompt_logprobs: list[dict | None] = [None]
         for token in tokens[1:]:
-            entry = {"logprob": forced_logprob(model, token), "decoded_token": chr(token)}
-            if token % 2:  # an odd token is rank 2: the top-1 alternative comes first
-                alternative = {"logprob": 0.0, "rank": 1, "decoded_token": "?"}
-                prompt_logprobs.append({str(token + 1000): alternative, str(token): entry})
-                entry["rank"] = 2
-            else:
-                prompt_logprobs.append({str(token): {**entry, "rank": 1}})
+            prompt_logprobs.append(prompt_entry(model, token, k))
         choice = {"index": 0, "text": "x", "finish_reason": "length"}
         choice["prompt_logprobs"] = prompt_logprobs
         return web.json_response({"id": "cmpl-1", "object": "text_completion", "choices": [choice]})
@@ -252,20 +290,40 @@ def test_tokenize_error_with_a_plain_text_body_is_raised(fake_vllm):
         asyncio.run(with_session(tokenize, target, {"prompt": "x"}))
 
 
-def test_teacher_forced_logprobs_pick_the_forced_token(fake_vllm):
+@pytest.mark.parametrize("k", [2, 5])
+def test_teacher_forced_logprobs_pick_the_forced_token_and_the_completions_top_k(fake_vllm, k):
     server, url = fake_vllm
     target = ServerTarget("reference", url, "reference-model")
+    sequence = ForcedSequence("p", (20, 21), (22, 23, 35))
+    got = asyncio.run(with_session(teacher_forced_logprobs, target, sequence, "run.drift.0", k))
     tokens = (20, 21, 22, 23, 35)
-    got = asyncio.run(with_session(teacher_forced_logprobs, target, tokens, "run.drift.ref.0"))
-    # odd tokens are listed after a rank-1 alternative whose logprob is 0.0
-    assert got == expected_vector("reference-model", tokens)
+    # odd tokens are listed after two alternatives whose logprobs are higher
+    assert list(got.logprobs) == expected_vector("reference-model", tokens)
+    assert got.top == tuple(expected_top("reference-model", t, k) for t in (22, 23, 35))
+    assert got.error is None
     ((path, body),) = server.bodies
     assert path == "/v1/completions"
     assert body["prompt"] == list(tokens)
-    assert body["prompt_logprobs"] >= 1
+    assert body["prompt_logprobs"] == k
     assert body["max_tokens"] == 1
     assert body["temperature"] == 0.0
-    assert body["cache_salt"] == "run.drift.ref.0"
+    assert body["cache_salt"] == "run.drift.0"
+
+
+def test_a_forced_token_beyond_the_top_k_is_not_in_it(fake_vllm):
+    _, url = fake_vllm
+    target = ServerTarget("reference", url, "reference-model")
+    sequence = ForcedSequence("p", (20,), (23,))
+    got = asyncio.run(with_session(teacher_forced_logprobs, target, sequence, "s", 2))
+    assert got.top == ({1023: 0.0, 2023: -1 / 32},)  # 23 is rank 3
+    assert got.logprobs[1] == forced_logprob("reference-model", 23)
+
+
+def test_null_logprobs_read_as_nan():
+    """vLLM sends a broken kernel's NaN as null: the position is counted, not fatal."""
+    assert math.isnan(_logprob_value({"logprob": None, "rank": 1}))
+    top = _top_k({"7": {"logprob": None, "rank": 1}, "8": {"logprob": -1.0, "rank": 9}}, 5)
+    assert list(top) == [7] and math.isnan(top[7])
 
 
 @pytest.mark.parametrize(
@@ -275,29 +333,40 @@ def test_teacher_forced_logprobs_raise_on_http_errors(fake_vllm, path, model, st
     _, url = fake_vllm
     target = ServerTarget("reference", url + path, model)
     with pytest.raises(RuntimeError, match=f"answered {status}"):
-        asyncio.run(with_session(teacher_forced_logprobs, target, (1, 2), "salt"))
+        asyncio.run(with_session(teacher_forced_logprobs, target, SEQUENCE, "salt", 1))
 
 
 def test_replay_forced_on_both_sides(fake_vllm):
     server, url = fake_vllm
     second = ForcedSequence("p1", (40, 41), (42,))
-    replayed = replay_forced([SEQUENCE, second], targets(url), salt_prefix="run1.drift")
+    replayed = replay_forced([SEQUENCE, second], targets(url), salt_prefix="run1.drift", top_k=5)
     assert set(replayed) == {"reference", "candidate"}
     for side, model in (("reference", "reference-model"), ("candidate", "candidate-model")):
         first, other = replayed[side]
         assert first.error is None and other.error is None
         assert list(first.logprobs) == expected_vector(model, (10, 11, 12, 13, 14, 15))
         assert list(other.logprobs) == expected_vector(model, (40, 41, 42))
+        assert first.top == tuple(expected_top(model, t, 5) for t in (13, 14, 15))
     salts = [body["cache_salt"] for _, body in server.bodies]
     assert len(salts) == len(set(salts)) == 4
+    assert {body["prompt_logprobs"] for _, body in server.bodies} == {5}
 
-    results = drift_results([SEQUENCE, second], replayed["reference"], replayed["candidate"])
+    results = drift_results(
+        [SEQUENCE, second],
+        dict(enumerate(replayed["reference"])),
+        dict(enumerate(replayed["candidate"])),
+    )
     for result, completion in zip(results, (3, 1), strict=True):
         assert result.error is None
         assert result.completion_tokens == completion
         assert result.max_abs == pytest.approx(CANDIDATE_SHIFT)
         assert result.mean_abs == pytest.approx(CANDIDATE_SHIFT)
         assert result.prompt_mean_abs == pytest.approx(CANDIDATE_SHIFT)
+
+    positions = forced_positions([SEQUENCE, second], {1: replayed["candidate"][1]})
+    assert list(positions) == [("p1", (42,))]
+    (only,) = positions[("p1", (42,))]
+    assert only == TokenLogprob(42, forced_logprob("candidate-model", 42), {42: only.logprob})
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])
@@ -328,9 +397,9 @@ def test_replay_error_on_one_side_is_kept_per_sequence(fake_vllm):
     replayed = replay_forced([SEQUENCE], broken, salt_prefix="run")
     assert replayed["reference"][0].error is None
     (failure,) = replayed["candidate"]
-    assert failure.logprobs == ()
+    assert failure.logprobs == () and failure.top == ()
     assert "RuntimeError" in failure.error and "500" in failure.error
-    (result,) = drift_results([SEQUENCE], replayed["reference"], replayed["candidate"])
+    (result,) = drift_results([SEQUENCE], {0: replayed["reference"][0]}, {0: failure})
     assert isinstance(result, DriftResult)
     assert result.error == failure.error
 
@@ -359,3 +428,37 @@ def test_forced_sequences_tokenize_each_prompt_once_and_skip_failures(fake_vllm,
         {"model": "reference-model", "prompt": "AB"},
         {"model": "reference-model", **bodies["d"]},
     ]
+
+
+# --- which sequences a side replays, and the replay on disk -------------------------------------
+
+
+def test_a_candidate_replays_the_drift_sample_and_its_divergent_pairs(make_record):
+    reference = [
+        make_record("reference", f"q{i}", text=f"t{i}", prompt_id=f"p{i}", token_ids=[i])
+        for i in range(5)
+    ]
+    sequences = [ForcedSequence(f"p{i}", (9,), (i,)) for i in range(5)]
+    candidate = [make_record("candidate", f"q{i}", text=f"t{i}", token_ids=[i]) for i in range(5)]
+    candidate[3] = make_record("candidate", "q3", text="other", token_ids=[7])
+    candidate[4] = make_record("candidate", "q4", text="", error="timeout: slow")
+    assert replay_selection(sequences, reference, candidate, sample=2) == [0, 1, 3]
+    assert replay_selection(sequences, reference, candidate, sample=None) == [0, 1, 2, 3, 4]
+    assert replay_selection(sequences, reference, candidate[:3], sample=1) == [0]
+
+
+def test_replay_file_round_trips_the_positions(tmp_path):
+    second = ForcedSequence("p1", (40, 41), (42, 43))
+    answer = ForcedLogprobs((None, -1.0, -0.5, -0.25), ({42: -0.5, 7: -2.0}, {43: -0.25, 8: -1.5}))
+    forced = {
+        "reference": {0: ForcedLogprobs(error="boom"), 1: answer},
+        "candidate": {1: answer},
+    }
+    path = tmp_path / "replay.jsonl"
+    write_replay(path, [SEQUENCE, second], forced)
+    back = read_replay(path)
+    expected = forced_positions([SEQUENCE, second], {1: answer})
+    assert back == {"reference": expected, "candidate": expected}
+    assert back["reference"][("p1", (42, 43))][0] == TokenLogprob(42, -0.5, {42: -0.5, 7: -2.0})
+    assert read_replay(tmp_path / "absent.jsonl") == {}
+    assert ForcedLogprobs.from_json(answer.to_json()) == answer

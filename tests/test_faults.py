@@ -317,7 +317,8 @@ def test_an_interrupted_replay_exits_2_with_one_error_line_and_leaves_nothing(
 ):
     run = interrupted_replay.interrupted
     assert_could_not_be_made(run, "interrupted")
-    assert "rig: teacher-forced replay of 2 sequences" in run.stdout
+    # the reference replays every completion it wrote (4 prompts), the candidate its sample
+    assert "rig: teacher-forced replay of 4 sequences (reference 4, candidate 2)" in run.stdout
 
 
 def test_an_interrupted_replay_keeps_every_record_and_compares_every_pair(interrupted_replay):

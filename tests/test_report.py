@@ -44,12 +44,17 @@ REPORT_FILES = {
 
 
 def near_tie_pair(make_record):
-    top = {5: -0.6, 6: -0.7}
-    ref_position = TokenLogprob(5, -0.6, top)
-    cand_position = TokenLogprob(6, -0.65, {6: -0.65, 5: -0.66})
-    ref = make_record("reference", "q4", text="yes.", token_ids=[5], logprobs=[ref_position])
-    cand = make_record("candidate", "q4", text="no.", token_ids=[6], logprobs=[cand_position])
+    ref = make_record("reference", "q4", text="yes.", token_ids=[5])
+    cand = make_record("candidate", "q4", text="no.", token_ids=[6])
     return ref, cand
+
+
+# Both sides' replay along the near-tie pair's reference completion (the timed records carry
+# no logprobs): each side's top-k at the divergent token.
+REPLAYED = {
+    "reference": {("p0", (5,)): [TokenLogprob(5, -0.6, {5: -0.6, 6: -0.7})]},
+    "candidate": {("p0", (5,)): [TokenLogprob(5, -0.66, {6: -0.65, 5: -0.66})]},
+}
 
 
 def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
@@ -71,7 +76,7 @@ def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
         ]
     reference = [r for r in records if r.side == "reference"]
     candidate = [r for r in records if r.side == "candidate"]
-    pairs = compare_pairs(reference, candidate, near_tie_margin=0.25, max_tokens=64)
+    pairs = compare_pairs(reference, candidate, 0.25, max_tokens=64, replayed=REPLAYED)
     drift = [
         DriftResult("p0", 5, 0.02, 0.01, 0.02, 0.0, 0.0, 0),
         DriftResult("p1", 0, *[float("nan")] * 5, 0, error=f"RuntimeError: {SCRIPT}"),

@@ -1,4 +1,3 @@
-import dataclasses
 import math
 import re
 
@@ -152,13 +151,13 @@ def test_greedy_margins_are_drawn_next_to_the_drift(page):
     assert "where a correct kernel's rounding may flip a token" in drift
 
 
-def test_a_run_without_logprobs_says_there_are_no_margins(make_record, tmp_path):
+def test_a_run_without_a_replay_says_there_are_no_margins(make_record, tmp_path):
     outcome, _ = synthetic_outcome(make_record, tmp_path)
-    outcome.records = [dataclasses.replace(r, logprobs=None) for r in outcome.records]
+    outcome.replayed = {}
     outcome.drift = []
     summary = summary_frame(outcome.records, outcome.pairs)
     page = render_html(outcome, summary, perf_frame(outcome.records))
     drift = page.split('<section id="drift">')[1].split("</section>")[0]
     assert 'alt="greedy margin distribution"' not in drift
-    assert "No greedy margins: no timed request carries top-k logprobs." in drift
+    assert "No greedy margins: no completion was replayed with top-k logprobs." in drift
     assert "No drift replay in this run." in drift

@@ -3,9 +3,11 @@
 import pytest
 
 import rig.run
+from rig.drift import ForcedSequence
 from rig.hardware import Hardware
 from rig.report import LevelFault
 from rig.run import (
+    AA_SIDE,
     FAULTS_FILE,
     Round,
     Runner,
@@ -175,3 +177,27 @@ def test_phase_rounds():
     assert [(r.servers[0], r.repeats) for r in phase_rounds(sides, 2)] == [
         ("reference", (0,)), ("candidate", (0,)), ("reference", (1,)), ("candidate", (1,)),
     ]  # fmt: skip
+
+
+def test_the_reference_replays_every_completion_another_side_its_sample_and_divergences(
+    tmp_path, make_record
+):
+    """The reference's replay must hold the margins of any divergence a later candidate shows
+    (golden cache, sides one after the other); the others replay what their verdict reads."""
+    run = scenario(drift={"max_requests": 1})
+    plan = plan_servers(run, "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
+    runner = Runner(run, "r", tmp_path, plan, "/m", cache=None)
+    texts = {"q0": "a", "q1": "b", "q2": "c"}
+    for i, (request, text) in enumerate(texts.items()):
+        reference = make_record("reference", request, text, prompt_id=f"p{i}", token_ids=[i])
+        runner.state.records.append(reference)
+        runner.state.sequences.append(ForcedSequence(f"p{i}", (9,), (i,)))
+        other = "changed" if request == "q2" else text
+        runner.state.records.append(make_record("candidate", request, other, token_ids=[7]))
+        if request != "q0":
+            runner.state.aa_records.append(make_record(AA_SIDE, request, text, token_ids=[i]))
+    runner.state.aa_records[0] = make_record(AA_SIDE, "q1", "other", token_ids=[5])
+    assert runner.replay_indices("reference") == [0, 1, 2]
+    assert runner.replay_indices("candidate") == [0, 2]
+    assert runner.replay_indices(AA_SIDE) == [0, 1]
+    runner.sink.close()

@@ -61,6 +61,15 @@ def test_minimal_scenario_takes_the_defaults(tmp_path):
     assert scenario.model.name == TINY_MODEL and scenario.model.is_tiny
     assert scenario.workload.endpoint == "completions"
     assert scenario.candidate.kernel is None
+    # timed requests as production sends them; the replay's top-k gives the margins
+    assert (scenario.workload.top_logprobs, scenario.workload.ignore_eos) == (0, False)
+    assert (scenario.drift.enabled, scenario.drift.top_logprobs) == (True, 5)
+
+
+@pytest.mark.parametrize("value", [0, 21])
+def test_replay_top_k_is_one_to_twenty(tmp_path, value):
+    message = error_of(write(tmp_path, {**MINIMAL, "drift": {"top_logprobs": value}}))
+    assert "drift.top_logprobs" in message
 
 
 def test_name_in_the_file_beats_the_file_stem(tmp_path):

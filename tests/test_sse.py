@@ -2,9 +2,36 @@
 
 from __future__ import annotations
 
-from rig.records import RequestRecord, ServerTarget, empty_record
+from pathlib import Path
+
+import pytest
+
+from rig.load import run_level
+from rig.records import RequestRecord, ServerTarget, SideJob, empty_record
+from rig.scenario import PRESETS_DIR, load_presets, load_scenario
 from rig.sse import StreamAccumulator, request_body
-from tests.stub_requests import spec
+from rig.stub_server import serve_in_thread
+from rig.workload import level_requests, resolve_prompts, warmup_prompts
+from tests.stub_requests import FAST, spec
+
+SCENARIOS = sorted(PRESETS_DIR.parent.glob("*.yaml"))
+LOGPROB_KEYS = {"logprobs", "top_logprobs", "prompt_logprobs", "return_tokens_as_token_ids"}
+# What a timed request carries: a production request (greedy, streamed, usage: as `vllm bench
+# serve` sends) plus the cache salt and the token ids the comparison needs (text re-tokenized
+# is not what was generated); no logprobs: they cost sampler and payload time.
+TIMED_KEYS = {
+    "model",
+    "temperature",
+    "seed",
+    "stream",
+    "stream_options",
+    "cache_salt",
+    "return_token_ids",
+}
+ENDPOINT_KEYS = {
+    "completions": {"prompt", "max_tokens"},
+    "chat": {"messages", "max_completion_tokens"},
+}
 
 
 def test_completions_body_is_greedy_streamed_salted_with_ids_usage_and_logprobs():
@@ -34,6 +61,56 @@ def test_chat_body_uses_chat_logprobs_and_template_kwargs_and_extra_body_wins():
 
 def test_no_logprobs_asked_for_by_default():
     assert "logprobs" not in request_body(spec(0), "m")
+
+
+def test_ignore_eos_is_sent_only_when_asked():
+    assert request_body(spec(0, ignore_eos=True), "m")["ignore_eos"] is True
+    assert request_body(spec(1, "chat", ignore_eos=True), "m")["ignore_eos"] is True
+    assert "ignore_eos" not in request_body(spec(0), "m")
+
+
+def default_scenarios() -> list[tuple[str, Path, list[str]]]:
+    """Every shipped scenario, and the load scenarios with every model preset under them."""
+    cases = [(path.stem, path, []) for path in SCENARIOS]
+    for key, preset in load_presets().items():
+        for path in SCENARIOS:
+            if path.stem in ("lowconc", "highconc"):
+                cases.append((f"{path.stem}+{key}", path, [f"model={preset.model['name']}"]))
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("path", "overrides"),
+    [case[1:] for case in default_scenarios()],
+    ids=[case[0] for case in default_scenarios()],
+)
+def test_default_scenarios_send_no_logprobs_on_timed_requests(path, overrides):
+    """The bodies a server receives, through the rig's own request path, for the warm-up and
+    the first level of every shipped scenario: nothing beyond what production sends."""
+    scenario = load_scenario(path, overrides)
+    workload = scenario.workload
+    prompts = resolve_prompts(workload)
+    level = workload.concurrency[0]
+    specs = level_requests(
+        workload,
+        warmup_prompts(workload, prompts),
+        level=0,
+        repeat=0,
+        side="x",
+        run_id="w",
+        tag="warmup-",
+    ) + level_requests(workload, prompts, level=level, repeat=0, side="x", run_id="t")
+    with serve_in_thread(FAST) as stub:
+        job = SideJob(ServerTarget("x", stub.url, "stub"), specs)
+        records = run_level([job], 32, timeout_s=30, progress=False)["x"]  # C: bodies only
+        bodies = [entry.body for entry in stub.log]
+    assert len(bodies) == len(specs) and all(r.error is None for r in records)
+    expected = TIMED_KEYS | ENDPOINT_KEYS[workload.endpoint]
+    if workload.chat_template_kwargs is not None:
+        expected |= {"chat_template_kwargs"}
+    for body in bodies:
+        assert not LOGPROB_KEYS & body.keys()
+        assert set(body) == expected
 
 
 def _accumulate(*pieces: bytes) -> tuple[RequestRecord, StreamAccumulator]:

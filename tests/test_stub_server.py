@@ -296,12 +296,16 @@ def test_teacher_forced_replay_between_two_stubs_has_no_drift_and_keeps_its_dela
         bodies = {"p1": {"prompt": "one two three four"}}
         (sequence,) = forced_sequences([answered], bodies, targets[0])
         started = time.monotonic()
-        replayed = replay_forced([sequence], targets, "salt")
+        replayed = replay_forced([sequence], targets, "salt", top_k=5)
         elapsed = time.monotonic() - started
     assert sequence.prompt_token_ids == tuple(tokenize({"prompt": "one two three four"}))
-    (drift,) = drift_results([sequence], replayed["reference"], replayed["candidate"])
+    (drift,) = drift_results(
+        [sequence], {0: replayed["reference"][0]}, {0: replayed["candidate"][0]}
+    )
     assert drift.error is None and drift.completion_tokens == 3 and drift.max_abs == 0.0
     forced = replayed["candidate"][0].logprobs
     assert forced[0] is None and forced[5] == forced_logprob(5, 12)
+    # the stub's top-k holds the forced token alone (rank 1), at every completion position
+    assert replayed["candidate"][0].top[1] == {12: forced_logprob(5, 12)}
     assert elapsed >= 0.3
-    assert [entry.body["prompt_logprobs"] for entry in candidate.log] == [1]
+    assert [entry.body["prompt_logprobs"] for entry in candidate.log] == [5]

@@ -151,12 +151,14 @@ def test_chat_body_carries_the_messages():
 
 
 def test_sampling_params_follow_the_workload():
-    wl = workload(max_tokens=33, seed=7, top_logprobs=3, extra_body={"ignore_eos": True})
+    wl = workload(max_tokens=33, seed=7, top_logprobs=3, ignore_eos=True, extra_body={"n": 1})
     params = sampling_params(wl)
     assert (params.max_tokens, params.seed, params.top_logprobs) == (33, 7, 3)
-    assert params.extra_body == {"ignore_eos": True}
+    assert params.ignore_eos is True
+    assert params.extra_body == {"n": 1}
     params.extra_body["x"] = 1  # a copy: the scenario is not changed through it
-    assert wl.extra_body == {"ignore_eos": True}
+    assert wl.extra_body == {"n": 1}
+    assert sampling_params(workload()).ignore_eos is False
 
 
 # --- prompt resolution -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from rig.drift import REPLAY_FILE
 from rig.report import REPORT_FILES
 
 from .conftest import rig_processes
@@ -45,6 +46,27 @@ def test_every_request_answered_once_per_side_and_level(smoke):
     assert per_side_level == {(s, c): expected for s in ("reference", "candidate") for c in levels}
     salts = [row["cache_salt"] for row in rows]
     assert len(set(salts)) == len(salts)
+
+
+def test_margins_come_from_the_replay_not_the_timed_requests(smoke):
+    """The timed requests carry no logprobs; every reference completion is replayed on both
+    sides with the scenario's top-k at each of its positions (replay.jsonl)."""
+    with open(smoke.run_dir / "requests.jsonl", encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    assert records and all(r["logprobs"] is None for r in records)
+    with open(smoke.run_dir / REPLAY_FILE, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    by_side = {}
+    for row in rows:
+        assert row["error"] is None
+        assert len(row["top"]) == len(row["completion_token_ids"]) == len(row["logprobs"]) > 0
+        assert all(2 <= len(top) <= 5 for top in row["top"])
+        by_side.setdefault(row["side"], set()).add(
+            (row["prompt_id"], tuple(row["completion_token_ids"]))
+        )
+    assert set(by_side) == {"reference", "candidate"}
+    assert by_side["candidate"] == by_side["reference"]  # no drift.max_requests in smoke
+    assert len({prompt for prompt, _ in by_side["reference"]}) == 18
 
 
 def test_zero_prefix_cache_hits_proven_per_level(smoke):
