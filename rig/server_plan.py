@@ -53,6 +53,12 @@ class ServerPlan:
     def base_url(self) -> str:
         return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}"
 
+    @property
+    def gpu_ids(self) -> frozenset[str]:
+        """The GPUs the placement gave this server (its CUDA_VISIBLE_DEVICES), none on CPU."""
+        visible = self.env.get("CUDA_VISIBLE_DEVICES", "")
+        return frozenset(gpu.strip() for gpu in visible.split(",") if gpu.strip())
+
     def redacted_env(self) -> dict[str, str]:
         return redact_env(self.env)
 

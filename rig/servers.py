@@ -169,9 +169,18 @@ class ServerSet:
         self.startup_timeout_s = startup_timeout_s
 
     def __enter__(self) -> dict[str, Server]:
+        """Servers on disjoint GPUs (or CPUs) start together; a server that shares a GPU with
+        one started before it waits until that one is ready. vLLM sizes its KV cache from a
+        memory profile taken at start-up, and two engines profiling one GPU at once each count
+        the other's peak: on an H200 the second of two A/A servers saw -0.62 GiB and exited."""
+        last_on_gpu: dict[str, Server] = {}
         try:
             for server in self.servers.values():
+                for gpu in sorted(server.plan.gpu_ids):
+                    if gpu in last_on_gpu:
+                        last_on_gpu[gpu].wait_ready(self.startup_timeout_s)
                 server.start()
+                last_on_gpu.update(dict.fromkeys(server.plan.gpu_ids, server))
             for server in self.servers.values():
                 server.wait_ready(self.startup_timeout_s)
         except BaseException:

@@ -90,3 +90,51 @@ def test_a_server_log_loses_the_key_when_read_and_when_stopped(tmp_path):
     assert "sk-secret" not in server.log_tail()
     server.stop()
     assert "sk-secret" not in plan.log_path.read_text()
+
+
+def _health_server(tmp_path: Path, name: str, gpus: str, delay_s: float) -> ServerPlan:
+    """A stand-in server that notes when it started and answers /health after `delay_s`."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = (
+        "import http.server, pathlib, sys, time\n"
+        f"pathlib.Path({str(tmp_path / name)!r}).write_text(str(time.monotonic()))\n"
+        f"time.sleep({delay_s})\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n"
+    )
+    plan = _plan(tmp_path, [sys.executable, "-c", script])
+    return dataclasses.replace(
+        plan,
+        side=name,
+        port=port,
+        env={"CUDA_VISIBLE_DEVICES": gpus} if gpus else {},
+        log_path=tmp_path / f"{name}.log",
+    )
+
+
+def test_servers_sharing_a_gpu_start_one_after_the_other(tmp_path):
+    """The second server on GPU 0 starts only once the first answers /health; the server on
+    GPU 1 starts at once."""
+    plans = [
+        _health_server(tmp_path, "first", "0", delay_s=1.5),
+        _health_server(tmp_path, "other-gpu", "1", delay_s=0.0),
+        _health_server(tmp_path, "second", "0", delay_s=0.0),
+    ]
+    with ServerSet(plans, startup_timeout_s=30) as servers:
+        assert all(server.healthy() for server in servers.values())
+    started = {
+        name: float((tmp_path / name).read_text()) for name in ("first", "other-gpu", "second")
+    }
+    assert started["second"] - started["first"] >= 1.5
+    assert started["other-gpu"] - started["first"] < 1.0
+
+
+def test_gpu_ids_come_from_the_placement_s_visible_devices(tmp_path):
+    plan = _plan(tmp_path, ["true"])
+    assert plan.gpu_ids == frozenset()
+    assert dataclasses.replace(plan, env={"CUDA_VISIBLE_DEVICES": "2, 3"}).gpu_ids == {"2", "3"}
