@@ -374,7 +374,7 @@ def test_replay_keeps_concurrency_sequences_in_flight_and_their_order(fake_vllm,
     server, url = fake_vllm
     server.answer_delay_s = 0.05
     sequences = [ForcedSequence(f"p{i}", (40 + i, 41), (42,)) for i in range(6)]
-    replayed = replay_forced(sequences, targets(url)[:1], "run.aa-drift", concurrency)
+    replayed = replay_forced(sequences, targets(url)[:1], "run.aa-drift", concurrency=concurrency)
     assert server.most_in_flight == concurrency
     expected = [expected_vector("reference-model", (40 + i, 41, 42)) for i in range(6)]
     assert [list(r.logprobs) for r in replayed["reference"]] == expected
