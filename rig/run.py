@@ -8,153 +8,61 @@ scenario -> servers -> load (paired, level by level) -> drift (teacher-forced, u
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
 from typing import NoReturn
 
-from kernels.proof import KernelProof, fetch_kernel_proof, read_kernel_proof
-from kernels.registry import planted_delay_ms
-from rig.cache import GoldenCache, GoldenEntry, golden_key
-from rig.compare import compare_pairs
-from rig.drift import (
-    REPLAY_FILE,
-    DriftResult,
-    ForcedLogprobs,
-    ForcedSequence,
-    drift_results,
-    forced_positions,
-    forced_sequences,
-    replay_forced,
-    replay_selection,
-    write_replay,
-)
+from rig.cache import GoldenCache
+from rig.drift import REPLAY_FILE, write_replay
 from rig.hardware import Hardware
 from rig.interrupts import InterruptsDeferred, interrupts_raise
-from rig.load import run_level
 from rig.manifest import build_manifest
-from rig.perf import PlantedDelay, perf_frame
-from rig.placement import shard
-from rig.prefix_cache import PrefixCacheCounters, read_prefix_cache_counters
 from rig.preflight import PreflightError, preflight, render_plan
-from rig.prompts import Prompt, PromptFileError
-from rig.records import RequestRecord, ServerTarget, SideJob
-from rig.report import LevelFault, PrefixCacheDelta, RunOutcome, remove_report, write_report
-from rig.scenario import SIDES, Scenario, ScenarioError, load_scenario
-from rig.server_logs import ADVISORY_LOG_KINDS, scan_log
-from rig.server_plan import LaunchPlan
-from rig.servers import Server, ServerError, ServerSet
-from rig.verdict import Gate, SideKernel, Verdict, decide
-from rig.workload import (
-    WorkloadError,
-    level_requests,
-    resolve_prompts,
-    tokenize_body,
-    warmup_prompts,
+from rig.prompts import PromptFileError
+from rig.report import RunOutcome, remove_report, write_report
+from rig.run_golden import GoldenLookup, cost_comparison, lookup_golden, store_golden, take_golden
+from rig.run_load import run_load
+from rig.run_outcome import build_outcome, side_kernels
+from rig.run_phases import PhaseSteps, read_proofs, run_phases
+from rig.run_replay import run_aa, run_drift
+from rig.run_state import (
+    REQUESTS_FILE,
+    RecordSink,
+    RunContext,
+    RunJournal,
+    RunState,
+    resume_from_disk,
 )
+from rig.scenario import Scenario, ScenarioError, load_scenario
+from rig.server_plan import LaunchPlan
+from rig.servers import ServerError, ServerSet
+from rig.verdict import SideKernel
+from rig.workload import WorkloadError, resolve_prompts
 
 EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
-AA_SIDE = "reference-aa"
-PREFIX_CACHE_FILE = "prefix_cache.jsonl"
-FAULTS_FILE = "faults.jsonl"
 REPORT_NOTICE = "rig: interrupted while the report is written: finishing it (again to stop at once)"
 
 
-def is_aa_run(scenario: Scenario) -> bool:
-    """Reference against reference: both sides configured identically."""
-    ref, cand = scenario.reference, scenario.candidate
-    return (ref.kernel, ref.serve_args, ref.env) == (cand.kernel, cand.serve_args, cand.env)
-
-
-class RecordSink:
-    """Appends each record to requests.jsonl the moment it completes, so nothing is lost; a
-    record the disk cannot take is cut back out, so the file holds whole lines only."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.handle = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
-
-    def __call__(self, record: RequestRecord) -> None:
-        # backslashreplace: a lone surrogate in model output must not lose the record
-        data = memoryview((record.to_json() + "\n").encode("utf-8", errors="backslashreplace"))
-        end = os.fstat(self.handle.fileno()).st_size
-        try:
-            while data:
-                data = data[self.handle.write(data) :]
-        except OSError as exc:
-            os.ftruncate(self.handle.fileno(), end)
-            raise OSError(exc.errno, f"{self.path}: {exc.strerror}") from None
-
-    def close(self) -> None:
-        self.handle.close()
-
-
-def append_jsonl(path: Path, row: object) -> None:
-    """One dataclass as one JSON line (the run's small side files, kept for --resume)."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(asdict(row)) + "\n")
-
-
-def read_jsonl(path: Path, kind: type) -> list:
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [kind(**json.loads(line)) for line in lines if line]
-
-
 @dataclass
-class RunState:
-    """What the phases accumulate for the compare/report stages."""
-
-    records: list[RequestRecord] = field(default_factory=list)
-    aa_records: list[RequestRecord] = field(default_factory=list)
-    prefix_cache: list[PrefixCacheDelta] = field(default_factory=list)
-    faults: list[LevelFault] = field(default_factory=list)
-    sequences: list[ForcedSequence] = field(default_factory=list)
-    forced: dict[str, dict[int, ForcedLogprobs]] = field(default_factory=dict)  # by sequence
-    timings: dict[str, float] = field(default_factory=dict)
-    peak_rss_mb: dict[str, float] = field(default_factory=dict)
-    proofs: dict[str, KernelProof] = field(default_factory=dict)  # by server label
-    schedule: list[dict] = field(default_factory=list)  # each start of servers, in order
-
-
-@dataclass(frozen=True)
-class Round:
-    """One start of a phase's servers and the repeats they run before they stop."""
-
-    servers: tuple[str, ...]
-    repeats: tuple[int, ...]
-
-
-def phase_rounds(phases: tuple[tuple[str, ...], ...], repeats: int) -> list[Round]:
-    """Each phase once, running every repeat, when the sides run at the same time (one phase)
-    or there is one repeat. With the sides one after the other and several repeats they are
-    interleaved, reference r0, candidate r0, reference r1, ...: the servers restart for every
-    repeat, so that a machine drifting over time slows both sides alike, not one."""
-    if len(phases) < 2 or repeats < 2:
-        return [Round(phase, tuple(range(repeats))) for phase in phases]
-    return [Round(phase, (repeat,)) for repeat in range(repeats) for phase in phases]
-
-
-def _counters(targets: dict[str, ServerTarget]) -> dict[str, PrefixCacheCounters]:
-    async def read_all():
-        answers = await asyncio.gather(
-            *(read_prefix_cache_counters(t.base_url, t.api_key) for t in targets.values())
-        )
-        return dict(zip(targets, answers, strict=True))
-
-    return asyncio.run(read_all())
-
-
 class Runner:
-    def __init__(
-        self,
+    """The stages of one run, bound to its inputs: `prepare` does the I/O of setting it up
+    (resume, golden cache), the rest hands each stage what it needs."""
+
+    ctx: RunContext
+    journal: RunJournal
+    done_levels: frozenset[tuple[int, int]]
+    cache: GoldenCache | None
+    golden: GoldenLookup
+
+    @classmethod
+    def prepare(
+        cls,
         scenario: Scenario,
         run_id: str,
         run_dir: Path,
@@ -162,554 +70,52 @@ class Runner:
         model_path: str,
         cache: GoldenCache | None,
         resume: bool = False,
-    ) -> None:
-        self.scenario = scenario
-        self.run_id = run_id
-        self.run_dir = run_dir
-        self.model_path = model_path
-        self.prompts = resolve_prompts(scenario.workload)
-        self.prompts_by_id: dict[str, Prompt] = {p.id: p for p in self.prompts}
-        self.state = RunState()
-        self.plan = plan
-        self.done_levels: set[tuple[int, int]] = set()
+    ) -> Runner:
+        """Resume an interrupted run's finished levels, open the record sink, and take the
+        reference from the golden cache when it holds it."""
+        prompts = resolve_prompts(scenario.workload)
+        done_levels: frozenset[tuple[int, int]] = frozenset()
+        state = RunState()
         if resume:
-            self.resume_from_disk()
+            expected = scenario.workload.requests_per_level or len(prompts)
+            resumed = resume_from_disk(run_dir, expected)
+            done_levels, state = resumed.done_levels, resumed.state
             cache = None  # the interrupted run's own reference results are what count
-        self.sink = RecordSink(run_dir / "requests.jsonl")
-        self.cache = cache
-        self.golden_key, self.golden_fields = golden_key(
-            scenario, self.plan.servers["reference"], model_path, self.prompts
-        )
-        self.golden: GoldenEntry | None = None
-        usable = (
-            cache is not None
-            and not scenario.control.aa
-            and self.plan.servers["reference"].url is None
-        )
-        if usable:
-            self.golden = cache.load(self.golden_key)
-        if self.golden is not None:
-            self.use_golden(self.golden)
-
-    def resume_from_disk(self) -> None:
-        """Keep the levels an interrupted run finished on every side; the others run again."""
-        expected = self.scenario.workload.requests_per_level or len(self.prompts)
-        records_path = self.run_dir / "requests.jsonl"
-        records = []
-        if records_path.exists():
-            with open(records_path, encoding="utf-8") as handle:
-                records = [RequestRecord.from_json(line) for line in handle if line.strip()]
-        groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
-        for record in records:
-            groups.setdefault((record.side, record.level, record.repeat), []).append(record)
-        complete = {
-            key
-            for key, group in groups.items()
-            if len(group) == expected and all(_finished(r) for r in group)
-        }
-        faults = read_jsonl(self.run_dir / FAULTS_FILE, LevelFault)
-        died = {(f.level, f.repeat) for f in faults if f.kind == "server_died"}
-        self.done_levels = {
-            (level, repeat)
-            for (_, level, repeat) in complete
-            if all((side, level, repeat) in complete for side in SIDES)
-            and (level, repeat) not in died
-        }
-        self.state.faults = [f for f in faults if (f.level, f.repeat) in self.done_levels]
-        kept = [r for r in records if (r.level, r.repeat) in self.done_levels]
-        with open(records_path, "w", encoding="utf-8", errors="backslashreplace") as handle:
-            handle.writelines(record.to_json() + "\n" for record in kept)
-        self.state.records = kept
-        deltas = read_jsonl(self.run_dir / PREFIX_CACHE_FILE, PrefixCacheDelta)
-        self.state.prefix_cache = [d for d in deltas if (d.level, d.repeat) in self.done_levels]
-        for name, rows in ((PREFIX_CACHE_FILE, deltas), (FAULTS_FILE, faults)):
-            kept_rows = [r for r in rows if (r.level, r.repeat) in self.done_levels]
-            (self.run_dir / name).write_text(
-                "".join(json.dumps(asdict(r)) + "\n" for r in kept_rows)
-            )
-        print(
-            f"rig: resuming: {len(self.done_levels)} finished level(s) kept "
-            f"({len(kept)} records), the rest run again",
-            flush=True,
-        )
-
-    def use_golden(self, golden: GoldenEntry) -> None:
-        """Take the reference side from the cache: only the candidate's server starts."""
-        self.state.records += golden.records
-        for record in golden.records:
-            self.sink(record)
-        self.state.sequences = golden.sequences
-        self.state.forced["reference"] = golden.forced
-        self.plan = self.plan.without("reference")
-
-    def targets(self, servers: dict[str, Server]) -> dict[str, ServerTarget]:
-        """Load targets by server label."""
-        return {
-            label: ServerTarget(
-                s.plan.side, s.base_url, s.plan.served_model, s.plan.api_key, s.plan.replica
-            )
-            for label, s in servers.items()
-        }
-
-    def run_phases(self) -> None:
-        """Start each round's servers, run its levels, read their kernel proof, stop them. A
-        phase's drift replay and A/A control run in its first round with levels to run (its
-        last round when every level is kept from an interrupted run)."""
-        workload = self.scenario.workload
-        rounds = phase_rounds(self.plan.phases, workload.repeats)
-        extras_due = set(self.plan.phases)
-        for index, planned in enumerate(rounds):
-            levels = [
-                (level, repeat)
-                for level in workload.concurrency
-                for repeat in planned.repeats
-                if (level, repeat) not in self.done_levels
-            ]
-            last = all(later.servers != planned.servers for later in rounds[index + 1 :])
-            extras = planned.servers in extras_due and bool(levels or last)
-            if not levels and not extras:
-                continue
-            self.state.schedule.append(
-                {"servers": list(planned.servers), "levels": [list(lr) for lr in levels]}
-            )
-            started = time.monotonic()
-            plans = [self.plan.servers[label] for label in planned.servers]
-            with ServerSet(plans, self.scenario.model.startup_timeout_s) as servers:
-                ready = time.monotonic()
-                for label in planned.servers:
-                    self._add_timing(f"{label}_startup_s", ready - started)
-                self.run_load(servers, levels)
-                if extras:
-                    extras_due.discard(planned.servers)
-                    first_pair = {s.plan.side: s for s in servers.values() if s.plan.replica == 0}
-                    self.run_drift(first_pair)
-                    if self.scenario.control.aa and "reference" in first_pair:
-                        self.run_aa(first_pair["reference"])
-                self.read_proofs(servers)
-                for label in planned.servers:
-                    self._add_timing(f"{label}_server_s", time.monotonic() - started)
-
-    def _add_timing(self, name: str, seconds: float) -> None:
-        self.state.timings[name] = self.state.timings.get(name, 0.0) + seconds
-
-    def read_proofs(self, servers: dict[str, Server]) -> None:
-        """Each server's kernel proof from its /metrics while it still runs: the same way for
-        servers the rig started and servers it attached to. For a server the rig started, its
-        log and stats files stand in when /metrics has no evidence."""
-        for label, server in servers.items():
-            try:
-                proof = fetch_kernel_proof(server.base_url, server.plan.api_key)
-            except (OSError, ValueError) as exc:
-                print(f"rig: no kernel proof on {label}'s /metrics ({exc})", flush=True)
-                proof = None
-            if (proof is None or not proof.marker_kernels) and server.plan.url is None:
-                proof = read_kernel_proof(server.plan.log_path, server.plan.stats_dir)
-            if proof is not None:
-                earlier = self.state.proofs.get(label)
-                # A log covers every start of the server (it is appended to); /metrics only
-                # the one running now, so a restarted server's answers add up.
-                if earlier is not None and proof.origin == "metrics":
-                    proof = earlier.combined_with(proof)
-                self.state.proofs[label] = proof
-
-    def run_load(self, servers: dict[str, Server], levels: list[tuple[int, int]]) -> None:
-        """Warm every server up, then run the (level, repeat) pairs in order."""
-        workload = self.scenario.workload
-        targets = self.targets(servers)
-        warmup = warmup_prompts(workload, self.prompts)
-        if warmup:
-            jobs = [
-                SideJob(
-                    target,
-                    level_requests(
-                        workload,
-                        warmup,
-                        level=0,
-                        repeat=0,
-                        side=target.side,
-                        run_id=self.run_id,
-                        tag=f"warmup{target.replica or ''}-",
-                        count=len(warmup),
-                    ),
-                )
-                for target in targets.values()
-            ]
-            print(f"rig: warm-up, {len(warmup)} untimed requests per server", flush=True)
-            run_level(jobs, min(workload.concurrency), timeout_s=workload.timeout_s)
-        for level, repeat in levels:
-            self.run_one_level(servers, targets, level, repeat)
-
-    def run_one_level(
-        self, servers: dict[str, Server], targets: dict[str, ServerTarget], level: int, repeat: int
-    ) -> None:
-        workload = self.scenario.workload
-        before = _counters(targets)
-        offsets = {label: server.log_size() for label, server in servers.items()}
-        jobs = self.level_jobs(targets, level, repeat)
-        results = run_level(
-            jobs,
-            level,
-            timeout_s=workload.timeout_s,
-            request_rate=workload.request_rate,
-            burstiness=workload.burstiness,
-            on_record=self.keep_record,
-            level_timeout_s=workload.level_timeout_s,
-            seed=workload.seed,
-        )
-        level_records = [record for side_records in results.values() for record in side_records]
-        for label, server in servers.items():
-            failed = [
-                r.request_id
-                for r in level_records
-                if r.error is not None
-                and (r.side, r.replica) == (server.plan.side, server.plan.replica)
-            ]
-            affected = ",".join(failed[:20]) + (
-                f" (+{len(failed) - 20})" if len(failed) > 20 else ""
-            )
-            for fault in scan_log(label, server.log_text(offsets[label])):
-                self.record_fault(
-                    LevelFault(label, level, fault.kind, fault.line, affected, repeat)
-                )
-            self.state.peak_rss_mb[label] = max(
-                self.state.peak_rss_mb.get(label, 0.0), server.rss_bytes() / 2**20
-            )
-            if server.exited() is not None:
-                died = f"exit code {server.exited()}"
-                self.record_fault(LevelFault(label, level, "server_died", died, affected, repeat))
-                raise ServerError(
-                    f"{label} server died during level C={level}; log {server.plan.log_path}:\n"
-                    f"{server.log_tail()}"
-                )
-        after = _counters(targets)
-        for label in servers:
-            first, last = before[label], after[label]
-            calls = (
-                last.gdn_prefill_calls - first.gdn_prefill_calls
-                if last.gdn_prefill_calls is not None and first.gdn_prefill_calls is not None
-                else None
-            )
-            self.record_prefix_cache(
-                PrefixCacheDelta(
-                    label,
-                    level,
-                    repeat,
-                    queries=last.queries - first.queries,
-                    hits=last.hits - first.hits,
-                    gdn_prefill_calls=calls,
-                )
-            )
-
-    def level_jobs(self, targets: dict[str, ServerTarget], level: int, repeat: int) -> list:
-        """Each server's share of a level: a side's ordered requests and its C are sharded over
-        its replicas, request i on pair i % R, so both halves of a request pair meet on the
-        same pair."""
-        jobs = []
-        for target in targets.values():
-            specs = level_requests(
-                self.scenario.workload,
-                self.prompts,
-                level=level,
-                repeat=repeat,
-                side=target.side,
-                run_id=self.run_id,
-            )
-            replicas = len(self.plan.side_servers(target.side))
-            shards = shard(len(specs), replicas, level)
-            if target.replica < len(shards):
-                indices, concurrency = shards[target.replica]
-                jobs.append(SideJob(target, [specs[i] for i in indices], concurrency))
-        return jobs
-
-    def keep_record(self, record: RequestRecord) -> None:
-        """On disk and in the run's state as it completes: an interrupted level still
-        compares the pairs that finished."""
-        self.sink(record)
-        self.state.records.append(record)
-
-    def record_fault(self, fault: LevelFault) -> None:
-        self.state.faults.append(fault)
-        append_jsonl(self.run_dir / FAULTS_FILE, fault)
-
-    def record_prefix_cache(self, delta: PrefixCacheDelta) -> None:
-        self.state.prefix_cache.append(delta)
-        append_jsonl(self.run_dir / PREFIX_CACHE_FILE, delta)
-
-    def run_drift(self, servers: dict[str, Server]) -> None:
-        if not self.scenario.drift.enabled:
-            return
-        targets = self.targets(servers)
-        if "reference" in targets and not self.state.sequences:
-            bodies = {
-                pid: tokenize_body(p, self.scenario.workload)
-                for pid, p in self.prompts_by_id.items()
-            }
-            reference_records = [r for r in self.state.records if r.side == "reference"]
-            self.state.sequences = forced_sequences(reference_records, bodies, targets["reference"])
-        self.replay(targets, "drift")
-
-    def replay_indices(self, side: str) -> list[int]:
-        """Which of the sequences `side` replays. The reference: every completion it wrote
-        (which pairs diverge is known only once the candidate ran, perhaps from the golden
-        cache); another side: the drift's sample and the completions its pairs diverge from."""
-        if side == "reference":
-            return list(range(len(self.state.sequences)))
-        records = self.state.aa_records if side == AA_SIDE else self.state.records
-        return replay_selection(
-            self.state.sequences,
-            [r for r in self.state.records if r.side == "reference"],
-            [r for r in records if r.side == side],
-            self.scenario.drift.max_requests,
-        )
-
-    def replay(self, targets: dict[str, ServerTarget], tag: str, concurrency: int = 1) -> None:
-        """Teacher-forced replay with top-k, untimed: what several sides replay, they replay
-        together (one sequence at a time on all of them, unless `concurrency` lets the server
-        batch them), the rest one side at a time."""
-        sequences = self.state.sequences
-        wanted = {side: self.replay_indices(side) for side in targets}
-        shared = sorted(set.intersection(*(set(indices) for indices in wanted.values())))
-        calls = [(f"{tag}", list(targets.values()), shared)] + [
-            (f"{tag}-{side}", [targets[side]], sorted(set(indices) - set(shared)))
-            for side, indices in wanted.items()
-        ]
-        counts = ", ".join(f"{side} {len(indices)}" for side, indices in wanted.items())
-        print(f"rig: teacher-forced replay of {len(sequences)} sequences ({counts})", flush=True)
-        for prefix, call_targets, indices in calls:
-            if not indices:
-                continue
-            replayed = replay_forced(
-                [sequences[i] for i in indices],
-                call_targets,
-                salt_prefix=f"{self.run_id}.{prefix}",
-                top_k=self.scenario.drift.top_logprobs,
-                concurrency=concurrency,
-            )
-            for side, answers in replayed.items():
-                self.state.forced.setdefault(side, {}).update(zip(indices, answers, strict=True))
+        journal = RunJournal(run_dir, state, RecordSink.open(run_dir / REQUESTS_FILE))
+        golden = lookup_golden(cache, scenario, plan, model_path, prompts)
+        if golden.entry is not None:
+            plan = take_golden(journal, golden.entry, plan)
+        ctx = RunContext(scenario, run_id, run_dir, plan, model_path, prompts)
+        return cls(ctx, journal, done_levels, cache, golden)
 
     @property
-    def aa_concurrency(self) -> int:
-        workload = self.scenario.workload
-        return self.scenario.control.aa_concurrency or max(workload.concurrency)
+    def state(self) -> RunState:
+        return self.journal.state
 
-    def run_aa(self, reference: Server) -> None:
-        """Replay the reference's requests on the reference server in reverse order at another
-        concurrency, and their teacher-forced sequences batched at that concurrency: the noise
-        floor of identical kernels under other batch compositions (other decode batches, other
-        chunked-prefill boundaries)."""
-        workload = self.scenario.workload
-        target = ServerTarget(
-            AA_SIDE, reference.base_url, reference.plan.served_model, reference.plan.api_key
+    def run_phases(self) -> None:
+        ctx, state = self.ctx, self.state
+        steps = PhaseSteps(
+            start=ServerSet,
+            load=partial(run_load, ctx, self.journal),
+            drift=partial(run_drift, ctx, state),
+            aa=partial(run_aa, ctx, state),
+            proofs=partial(read_proofs, state),
         )
-        specs = level_requests(
-            workload,
-            self.prompts,
-            level=workload.concurrency[0],
-            repeat=0,
-            side=AA_SIDE,
-            run_id=self.run_id,
-        )
-        concurrency = self.aa_concurrency
-        print(f"rig: A/A control, {len(specs)} requests at C={concurrency}", flush=True)
-        results = run_level(
-            [SideJob(target, list(reversed(specs)))], concurrency, timeout_s=workload.timeout_s
-        )
-        self.state.aa_records = results[AA_SIDE]
-        if self.state.sequences:
-            self.replay({AA_SIDE: target}, "aa-drift", concurrency)
-
-    def store_golden(self) -> None:
-        """Keep this run's reference results for the next candidate iteration."""
-        reference = [r for r in self.state.records if r.side == "reference"]
-        if (
-            self.cache is None
-            or self.golden is not None
-            or self.plan.servers["reference"].url is not None  # not what the key describes
-            or "reference" not in self.side_kernels
-            or any(r.error is not None for r in reference)
-        ):
-            return  # only complete, clean reference results are worth reusing
-        entry = GoldenEntry(
-            source_run=self.run_id,
-            records=reference,
-            sequences=self.state.sequences,
-            forced=self.state.forced.get("reference", {}),
-            kernel=self.side_kernels["reference"],
-            timings=dict(self.state.timings),
-        )
-        folder = self.cache.store(self.golden_key, self.golden_fields, entry)
-        print(f"rig: reference results stored in the golden cache: {folder}", flush=True)
+        run_phases(ctx, self.done_levels, state, steps)
 
     @cached_property
-    def side_kernels(self) -> dict[str, SideKernel]:
-        """Which kernel each side ran, over all its servers; read once, after the run."""
-        proofs = {}
-        if self.golden is not None:
-            proofs["reference"] = self.golden.kernel
-        for side in SIDES:
-            if side == "reference" and self.golden is not None:
-                continue
-            found = []
-            for plan in self.plan.side_servers(side):
-                proof = self.state.proofs.get(plan.label)
-                if proof is None and plan.url is None:  # the server died before it was read
-                    proof = read_kernel_proof(plan.log_path, plan.stats_dir)
-                if proof is not None:
-                    found.append((plan, proof))
-            if not found:
-                continue
-            kernel = "+".join(dict.fromkeys(proof.kernel for _, proof in found))
-            calls = sum(proof.calls for _, proof in found)
-            detail = "; ".join(
-                f"{plan.label} ({proof.origin}): {proof.describe()}" for plan, proof in found
-            )
-            proofs[side] = SideKernel(side, kernel, calls, detail)
-        return proofs
+    def kernels(self) -> dict[str, SideKernel]:
+        """Which kernel each side ran; read once, after the phases."""
+        return side_kernels(self.ctx.plan, self.state.proofs, self.golden.entry)
 
-    def gdn_backends(self) -> dict[str, dict]:
-        """Per server: the GDN prefill backend asked for, what vLLM chose, what ran."""
-        return {
-            label: {
-                "requested": proof.requested_backend,
-                "vllm_chose": "+".join(proof.vllm_backends) or None,
-                "ran": proof.backend,
-                "evidence": proof.origin,
-            }
-            for label, proof in self.state.proofs.items()
-        }
+    def store_golden(self) -> None:
+        ctx = self.ctx
+        store_golden(
+            self.cache, self.golden, ctx.run_id, self.journal, ctx.plan, lambda: self.kernels
+        )
 
     def outcome(self, error: str | None) -> RunOutcome:
-        scenario, state = self.scenario, self.state
-        finished = [r for r in state.records if _finished(r)]
-        reference = [r for r in finished if r.side == "reference"]
-        candidate = [r for r in finished if r.side == "candidate"]
-        answered = {r.request_id for r in candidate}
-        reference = [r for r in reference if r.request_id in answered]
-        replayed = {
-            side: forced_positions(state.sequences, forced) for side, forced in state.forced.items()
-        }
-        pairs = compare_pairs(
-            reference,
-            candidate,
-            scenario.gates.near_tie_margin,
-            scenario.workload.max_tokens,
-            replayed,
-        )
-        drift = self._drift("candidate")
-        aa_pairs = aa_drift = None
-        if state.aa_records:
-            # The A/A replay reuses the first level's request ids, so it pairs by id.
-            first_level = [r for r in reference if r.level == scenario.workload.concurrency[0]]
-            aa_pairs = compare_pairs(
-                [r for r in first_level if r.repeat == 0],
-                state.aa_records,
-                scenario.gates.near_tie_margin,
-                scenario.workload.max_tokens,
-                replayed,
-            )
-            aa_drift = self._drift(AA_SIDE)
-        hits = sum(p.hits for p in state.prefix_cache)
-        kernels = self.side_kernels
-        perf = perf_frame(
-            state.records, state.aa_records, self.aa_concurrency, self.planted_delay()
-        )
-        verdict = decide(
-            scenario.gates,
-            pairs,
-            drift,
-            hits,
-            kernels,
-            scenario.candidate.kernel,
-            is_aa_run(scenario),
-            log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
-            deltas=perf,
-            aa_pairs=aa_pairs,
-            aa_drift=aa_drift,
-            reference_backend=scenario.model.gdn_prefill_backend,
-        )
-        if error is not None:
-            verdict = _failed(verdict, error)
-        return RunOutcome(
-            run_id=self.run_id,
-            run_dir=self.run_dir,
-            scenario_name=scenario.name,
-            manifest=build_manifest(scenario, self.plan, self.model_path)
-            | {
-                "server_peak_rss_mb": state.peak_rss_mb,
-                "gdn_backends": self.gdn_backends(),
-                "schedule": state.schedule,
-            },
-            records=state.records,
-            pairs=pairs,
-            drift=drift,
-            prefix_cache=state.prefix_cache,
-            faults=state.faults,
-            kernels=kernels,
-            verdict=verdict,
-            aa_pairs=aa_pairs,
-            aa_drift=aa_drift,
-            timings=state.timings,
-            perf=perf,
-            error=error,
-            prompt_categories={p.id: p.category for p in self.prompts if p.category},
-            replayed={side: replayed[side] for side in SIDES if side in replayed},
-        )
-
-    def planted_delay(self) -> PlantedDelay | None:
-        """The candidate's planted delay (`ref+delay-<N>ms`) and its servers' GDN prefill calls
-        per level; None for any other candidate or when a server published no count."""
-        kernel = self.scenario.candidate.kernel
-        delay_ms = planted_delay_ms(kernel)
-        calls: dict[tuple[int, int], int] = {}
-        for delta in self.state.prefix_cache:
-            plan = self.plan.servers.get(delta.side)
-            if plan is None or plan.side != "candidate":
-                continue
-            if delta.gdn_prefill_calls is None:
-                return None
-            key = (delta.level, delta.repeat)
-            calls[key] = calls.get(key, 0) + delta.gdn_prefill_calls
-        return PlantedDelay(kernel, delay_ms, calls) if delay_ms and calls else None
-
-    def _drift(self, side: str) -> list[DriftResult]:
-        forced = self.state.forced
-        if "reference" not in forced or side not in forced:
-            return []
-        return drift_results(self.state.sequences, forced["reference"], forced[side])
-
-
-def _finished(record: RequestRecord) -> bool:
-    """Not cut off by an interrupt: a cancelled request says nothing about either kernel."""
-    return not (record.error or "").startswith("cancelled")
-
-
-def _failed(verdict: Verdict, error: str) -> Verdict:
-    """The verdict of a run that did not complete: it cannot pass."""
-    gates = (*verdict.gates, Gate("run completed", False, error.splitlines()[0]))
-    return Verdict(
-        "NOT equivalent" if verdict.word != "INVALID" else verdict.word,
-        False,
-        gates,
-        verdict.counts,
-        verdict.aa_counts,
-    )
-
-
-def _server_time(timings: dict[str, float]) -> float:
-    return sum(v for k, v in timings.items() if k.endswith("_server_s"))
-
-
-def _cost_comparison(first: dict[str, float], now: dict[str, float]) -> str:
-    """Wall time and server time of this run next to the run that filled the cache."""
-    wall_ratio = now["wall_s"] / first["wall_s"] if first.get("wall_s") else float("nan")
-    first_servers, servers = _server_time(first), _server_time(now)
-    server_ratio = servers / first_servers if first_servers else float("nan")
-    return (
-        f"rig: cost of this verdict: wall {now['wall_s']:.1f} s vs {first.get('wall_s', 0):.1f} s "
-        f"for the run that filled the cache ({wall_ratio:.2f}x); server time {servers:.1f} s vs "
-        f"{first_servers:.1f} s ({server_ratio:.2f}x)"
-    )
+        return build_outcome(self.ctx, self.state, self.kernels, error)
 
 
 def _check_resumable(run_dir: Path, scenario: Scenario) -> None:
@@ -814,11 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             raise ScenarioError(f"results folder {run_dir}: {exc.strerror}") from None
         cache = None if args.no_cache else GoldenCache(args.cache_dir)
-        runner = Runner(
+        runner = Runner.prepare(
             scenario, run_id, run_dir, checked.plan, checked.model.path, cache, resume=args.resume
         )
         (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
-        servers = build_manifest(scenario, runner.plan, runner.model_path)["servers"]
+        servers = build_manifest(scenario, runner.ctx.plan, runner.ctx.model_path)["servers"]
         (run_dir / "servers.json").write_text(json.dumps(servers, indent=2))
     except (ScenarioError, PromptFileError, WorkloadError, PreflightError, ServerError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
@@ -826,11 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the results folder cannot be written
         print(f"rig: error: results folder {run_dir}: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    mode = runner.plan.placement.describe()
-    if runner.golden is not None:
-        mode = f"reference from the golden cache (run {runner.golden.source_run})"
+    golden = runner.golden.entry
+    mode = runner.ctx.plan.placement.describe()
+    if golden is not None:
+        mode = f"reference from the golden cache (run {golden.source_run})"
     print(
-        f"rig: run {run_id}: {len(runner.prompts)} prompts, levels "
+        f"rig: run {run_id}: {len(runner.ctx.prompts)} prompts, levels "
         f"{scenario.workload.concurrency}, sides {mode}; results in {run_dir}",
         flush=True,
     )
@@ -849,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_ERROR
     finally:
-        runner.sink.close()
+        runner.journal.sink.close()
     with InterruptsDeferred(REPORT_NOTICE, lambda: _stop_reporting(run_dir)):
         runner.state.timings["wall_s"] = time.monotonic() - wall_start
         if error is None:
@@ -867,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return EXIT_ERROR
-    if runner.golden is not None:
-        print(_cost_comparison(runner.golden.timings, runner.state.timings), flush=True)
+    if golden is not None:
+        print(cost_comparison(golden.timings, runner.state.timings), flush=True)
     print((run_dir / "summary.md").read_text(encoding="utf-8"))
     print(f"rig: report: {paths['report.html']}")
     if error is not None:

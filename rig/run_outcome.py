@@ -1,0 +1,185 @@
+"""The run's outcome from its state: which kernel each side ran, the pairs compared, drift,
+performance and the verdict, assembled into the record the report stage renders."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kernels.proof import KernelProof, read_kernel_proof
+from kernels.registry import planted_delay_ms
+from rig.cache import GoldenEntry
+from rig.compare import compare_pairs
+from rig.drift import DriftResult, drift_results, forced_positions
+from rig.manifest import build_manifest
+from rig.perf import PlantedDelay, perf_frame
+from rig.report import PrefixCacheDelta, RunOutcome
+from rig.run_replay import AA_SIDE, aa_concurrency
+from rig.run_state import RunContext, RunState, finished
+from rig.scenario import SIDES, Scenario
+from rig.server_logs import ADVISORY_LOG_KINDS
+from rig.server_plan import LaunchPlan
+from rig.verdict import Gate, SideKernel, Verdict, decide
+
+
+def is_aa_run(scenario: Scenario) -> bool:
+    """Reference against reference: both sides configured identically."""
+    ref, cand = scenario.reference, scenario.candidate
+    return (ref.kernel, ref.serve_args, ref.env) == (cand.kernel, cand.serve_args, cand.env)
+
+
+def side_kernels(
+    plan: LaunchPlan, proofs: dict[str, KernelProof], golden: GoldenEntry | None
+) -> dict[str, SideKernel]:
+    """Which kernel each side ran, over all its servers; read once, after the run (a server
+    that died before its proof was read is read from its log)."""
+    kernels = {}
+    if golden is not None:
+        kernels["reference"] = golden.kernel
+    for side in SIDES:
+        if side == "reference" and golden is not None:
+            continue
+        found = []
+        for server in plan.side_servers(side):
+            proof = proofs.get(server.label)
+            if proof is None and server.url is None:  # the server died before it was read
+                proof = read_kernel_proof(server.log_path, server.stats_dir)
+            if proof is not None:
+                found.append((server, proof))
+        if not found:
+            continue
+        kernel = "+".join(dict.fromkeys(proof.kernel for _, proof in found))
+        calls = sum(proof.calls for _, proof in found)
+        detail = "; ".join(
+            f"{server.label} ({proof.origin}): {proof.describe()}" for server, proof in found
+        )
+        kernels[side] = SideKernel(side, kernel, calls, detail)
+    return kernels
+
+
+def gdn_backends(proofs: dict[str, KernelProof]) -> dict[str, dict]:
+    """Per server: the GDN prefill backend asked for, what vLLM chose, what ran."""
+    return {
+        label: {
+            "requested": proof.requested_backend,
+            "vllm_chose": "+".join(proof.vllm_backends) or None,
+            "ran": proof.backend,
+            "evidence": proof.origin,
+        }
+        for label, proof in proofs.items()
+    }
+
+
+def planted_delay(
+    kernel: str | None, plan: LaunchPlan, prefix_cache: list[PrefixCacheDelta]
+) -> PlantedDelay | None:
+    """The candidate's planted delay (`ref+delay-<N>ms`) and its servers' GDN prefill calls
+    per level; None for any other candidate or when a server published no count."""
+    delay_ms = planted_delay_ms(kernel)
+    calls: dict[tuple[int, int], int] = {}
+    for delta in prefix_cache:
+        server = plan.servers.get(delta.side)
+        if server is None or server.side != "candidate":
+            continue
+        if delta.gdn_prefill_calls is None:
+            return None
+        key = (delta.level, delta.repeat)
+        calls[key] = calls.get(key, 0) + delta.gdn_prefill_calls
+    return PlantedDelay(kernel, delay_ms, calls) if delay_ms and calls else None
+
+
+def side_drift(state: RunState, side: str) -> list[DriftResult]:
+    """`side`'s teacher-forced drift from the reference; empty unless both replayed."""
+    forced = state.forced
+    if "reference" not in forced or side not in forced:
+        return []
+    return drift_results(state.sequences, forced["reference"], forced[side])
+
+
+def failed_verdict(verdict: Verdict, error: str) -> Verdict:
+    """The verdict of a run that did not complete: it cannot pass."""
+    gates = (*verdict.gates, Gate("run completed", False, error.splitlines()[0]))
+    word = "NOT equivalent" if verdict.word != "INVALID" else verdict.word
+    return replace(verdict, word=word, passed=False, gates=gates)
+
+
+def build_outcome(
+    ctx: RunContext, state: RunState, kernels: dict[str, SideKernel], error: str | None
+) -> RunOutcome:
+    """Compare the finished pairs, decide the verdict, gather what the report shows."""
+    scenario = ctx.scenario
+    finished_records = [r for r in state.records if finished(r)]
+    reference = [r for r in finished_records if r.side == "reference"]
+    candidate = [r for r in finished_records if r.side == "candidate"]
+    answered = {r.request_id for r in candidate}
+    reference = [r for r in reference if r.request_id in answered]
+    replayed = {
+        side: forced_positions(state.sequences, forced) for side, forced in state.forced.items()
+    }
+    pairs = compare_pairs(
+        reference,
+        candidate,
+        scenario.gates.near_tie_margin,
+        scenario.workload.max_tokens,
+        replayed,
+    )
+    drift = side_drift(state, "candidate")
+    aa_pairs = aa_drift = None
+    if state.aa_records:
+        # The A/A replay reuses the first level's request ids, so it pairs by id.
+        first_level = [r for r in reference if r.level == scenario.workload.concurrency[0]]
+        aa_pairs = compare_pairs(
+            [r for r in first_level if r.repeat == 0],
+            state.aa_records,
+            scenario.gates.near_tie_margin,
+            scenario.workload.max_tokens,
+            replayed,
+        )
+        aa_drift = side_drift(state, AA_SIDE)
+    hits = sum(p.hits for p in state.prefix_cache)
+    perf = perf_frame(
+        state.records,
+        state.aa_records,
+        aa_concurrency(scenario),
+        planted_delay(scenario.candidate.kernel, ctx.plan, state.prefix_cache),
+    )
+    verdict = decide(
+        scenario.gates,
+        pairs,
+        drift,
+        hits,
+        kernels,
+        scenario.candidate.kernel,
+        is_aa_run(scenario),
+        log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
+        deltas=perf,
+        aa_pairs=aa_pairs,
+        aa_drift=aa_drift,
+        reference_backend=scenario.model.gdn_prefill_backend,
+    )
+    if error is not None:
+        verdict = failed_verdict(verdict, error)
+    return RunOutcome(
+        run_id=ctx.run_id,
+        run_dir=ctx.run_dir,
+        scenario_name=scenario.name,
+        manifest=build_manifest(scenario, ctx.plan, ctx.model_path)
+        | {
+            "server_peak_rss_mb": state.peak_rss_mb,
+            "gdn_backends": gdn_backends(state.proofs),
+            "schedule": state.schedule,
+        },
+        records=state.records,
+        pairs=pairs,
+        drift=drift,
+        prefix_cache=state.prefix_cache,
+        faults=state.faults,
+        kernels=kernels,
+        verdict=verdict,
+        aa_pairs=aa_pairs,
+        aa_drift=aa_drift,
+        timings=state.timings,
+        perf=perf,
+        error=error,
+        prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
+        replayed={side: replayed[side] for side in SIDES if side in replayed},
+    )
