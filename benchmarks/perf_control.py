@@ -63,7 +63,9 @@ class ControlRun:
     def perf(self) -> pd.DataFrame:
         """The run's perf.csv, candidate rows (95% per metric, as the run reported them)."""
         path = self.run_dir / "perf.csv"
-        return candidate_rows(pd.read_csv(path)) if path.exists() else pd.DataFrame()
+        if not path.exists() or path.stat().st_size == 0:  # a run that compared nothing
+            return pd.DataFrame()
+        return candidate_rows(pd.read_csv(path))
 
     def perf_at(self, confidence: float) -> pd.DataFrame:
         """The run's comparison again from its requests, at another confidence."""
