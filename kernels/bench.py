@@ -143,20 +143,21 @@ def reference_call(function: Callable, x: dict) -> Callable[[], object]:
     )  # fmt: skip
 
 
-def candidate_launch(x: dict, rounds: int) -> ns_triton.Launch:
-    return ns_triton.prepare_launch(
-        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["state"],
+def candidate_arguments(x: dict, rounds: int) -> dict:
+    """What vLLM's CUDA path passes: FP32 states in and out, precomputed chunk metadata."""
+    return dict(
+        q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"],
         output_final_state=True, cu_seqlens=x["cu_seqlens"], chunk_indices=x["chunk_indices"],
         chunk_offsets=x["chunk_offsets"], ns_rounds=rounds,
     )  # fmt: skip
+
+
+def candidate_launch(x: dict, rounds: int) -> ns_triton.Launch:
+    return ns_triton.Launch(**candidate_arguments(x, rounds))
 
 
 def candidate_call(x: dict, rounds: int) -> Callable[[], object]:
-    return lambda: ns_triton.chunk_gated_delta_rule(
-        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["state"],
-        output_final_state=True, cu_seqlens=x["cu_seqlens"], chunk_indices=x["chunk_indices"],
-        chunk_offsets=x["chunk_offsets"], ns_rounds=rounds,
-    )  # fmt: skip
+    return lambda: ns_triton.chunk_gated_delta_rule(**candidate_arguments(x, rounds))
 
 
 def with_settings(settings: dict, function: Callable[[], object]) -> Callable[[], object]:

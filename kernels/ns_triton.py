@@ -70,14 +70,13 @@ def _l2_normalised(x, eps):
 
 @triton.jit
 def _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk):
-    """(first row, rows of this chunk, which of them are in the sequence) for chunk `chunk`."""
+    """(rows of this chunk, which of them are in the sequence) for chunk `chunk`."""
     seq = tl.load(chunk_indices_ptr + 2 * chunk).to(tl.int64)
     chunk_in_seq = tl.load(chunk_indices_ptr + 2 * chunk + 1).to(tl.int64)
     bos = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
     eos = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
-    start = bos + chunk_in_seq * 64
-    rows = start + tl.arange(0, 64)
-    return start, eos, rows, rows < eos
+    rows = bos + chunk_in_seq * 64 + tl.arange(0, 64)
+    return rows, rows < eos
 
 
 @triton.jit
@@ -89,7 +88,7 @@ def _wy_kernel(
 ):  # fmt: skip
     value_head = tl.program_id(1)
     key_head = value_head // (HV // H)
-    _, _, rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, tl.program_id(0))
+    rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, tl.program_id(0))
     cols_k = tl.arange(0, K)
     cols_v = tl.arange(0, V)
     keys = tl.load(
@@ -206,7 +205,7 @@ def _output_kernel(
     chunk = tl.program_id(0)
     value_head = tl.program_id(1)
     key_head = value_head // (HV // H)
-    _, _, rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk)
+    rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk)
     cols_k = tl.arange(0, K)
     cols_v = tl.program_id(2) * BV + tl.arange(0, BV)
     cum_decay = tl.load(cum_decay_ptr + rows * HV + value_head, mask=valid, other=0.0)
@@ -243,10 +242,24 @@ class Launch:
     """One call's buffers and its three launches, so that the bench can time each stage."""
 
     def __init__(
-        self, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-        chunk_indices, chunk_offsets, use_qk_l2norm_in_kernel, core_attn_out, ns_rounds,
-        l2norm_eps,
-    ) -> None:  # fmt: skip
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        scale: float | None = None,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
+        chunk_indices: torch.Tensor | None = None,
+        chunk_offsets: torch.Tensor | None = None,
+        use_qk_l2norm_in_kernel: bool = False,
+        core_attn_out: torch.Tensor | None = None,
+        *,
+        ns_rounds: int = 4,
+        l2norm_eps: float = 1e-6,
+    ) -> None:
         batch, seq_len, num_heads, head_k_dim = q.shape
         num_value_heads, head_v_dim = v.shape[2], v.shape[3]
         if (
@@ -347,35 +360,11 @@ class Launch:
         return self.o.view(self.out_shape).to(self.out_dtype), self.final_state
 
 
-def prepare_launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    chunk_indices: torch.Tensor | None = None,
-    chunk_offsets: torch.Tensor | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    core_attn_out: torch.Tensor | None = None,
-    *,
-    ns_rounds: int = 4,
-    l2norm_eps: float = 1e-6,
-) -> Launch:
-    return Launch(
-        q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices,
-        chunk_offsets, use_qk_l2norm_in_kernel, core_attn_out, ns_rounds, l2norm_eps,
-    )  # fmt: skip
-
-
 def chunk_gated_delta_rule(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """nsR GDN prefill with the arguments and results of vLLM's FLA `chunk_gated_delta_rule`
-    (see `prepare_launch`; chunk_indices [chunks, 2] and chunk_offsets [N + 1] are FLA's chunk
+    (see `Launch`; chunk_indices [chunks, 2] and chunk_offsets [N + 1] are FLA's chunk
     metadata, computed here when absent, chunk_indices with a host sync)."""
-    launch = prepare_launch(*args, **kwargs)
+    launch = Launch(*args, **kwargs)
     launch.run_wy()
     launch.run_state()
     launch.run_output()
