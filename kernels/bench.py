@@ -7,7 +7,8 @@ Every kernel gets the inputs vLLM's CUDA path gives it: pre-normalised q/k (no i
 norm), FP32 log decays, FP32 initial states, final states out, precomputed chunk metadata.
 Kernels: FLA (fla-core), vLLM's own FLA copy where vLLM is importable, ns4 under launch-setting
 variants of kernels/ns_triton.py (`default` is what the registry's ns4 runs), ns3 with the
-defaults (the price of the 4th Newton-Schulz round), and ns4's three stages timed alone. Times
+defaults (the price of the 4th Newton-Schulz round), and ns4's three stages timed alone (with the
+output fused into the walk, the state stage includes it and the output stage is empty). Times
 are triton.testing.do_bench medians with the 10th-90th percentile spread; the byte floor is
 each workload's fewest bytes (q, k, v, g, beta, o, initial and final states) over the copy
 bandwidth measured at the start.
@@ -45,7 +46,9 @@ VARIANTS = {
     "walk-stages2": {"WALK_STAGES": 2},
     "walk-stages4": {"WALK_STAGES": 4},
     "walk-8warps": {"WALK_NUM_WARPS": 8},
-    "out-bv64": {"OUTPUT_BLOCK_V": 64},
+    "output-fused": {"FUSED_OUTPUT": True},
+    "output-separate": {"FUSED_OUTPUT": False},
+    "out-bv64": {"OUTPUT_BLOCK_V": 64, "FUSED_OUTPUT": False},
     "out-2warps": {"OUTPUT_NUM_WARPS": 2},
 }
 STAGES = ("run_wy", "run_state", "run_output")

@@ -32,6 +32,9 @@ NEUMANN_PRECISION = "tf32"
 WALK_BLOCK_V = None  # None: by occupancy (_walk_block_v)
 WALK_NUM_WARPS = 4
 WALK_STAGES = 3
+FUSED_OUTPUT = None  # None: when enough walk programs share the GPU (_fuse_output)
+FUSED_MIN_PROGRAMS_PER_SM = 2
+FUSED_WALK_STAGES = 2
 OUTPUT_BLOCK_V = None  # None: all of V
 OUTPUT_NUM_WARPS = 4
 
@@ -119,15 +122,18 @@ def _wy_kernel(
 
 @triton.jit
 def _walk_kernel(
-    k_ptr, w_ptr, u_ptr, cum_decay_ptr, initial_state_ptr, final_state_ptr, chunk_states_ptr,
-    v_new_ptr, cu_seqlens_ptr, chunk_offsets_ptr, eps,
+    q_ptr, k_ptr, w_ptr, u_ptr, cum_decay_ptr, initial_state_ptr, final_state_ptr,
+    chunk_states_ptr, v_new_ptr, o_ptr, cu_seqlens_ptr, chunk_offsets_ptr, scale, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    USE_L2NORM: tl.constexpr, STAGES: tl.constexpr,
+    USE_L2NORM: tl.constexpr, FUSED_OUTPUT: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    """Per chunk: v_new = u - w h, then h <- exp(G_last) h + (k exp(G_last - G))^T v_new.
+    """Per chunk: v_new = u - w h, then h <- exp(G_last) h + k^T (exp(G_last - G) v_new).
 
-    h is [K, BV] FP32 in two halves of 64 rows of K (the second unused when K = 64)."""
+    h is [K, BV] FP32 in two halves of 64 rows of K (the second unused when K = 64). The decay
+    to the chunk's end scales v_new's rows, so k feeds its dot as loaded. FUSED_OUTPUT: the
+    output is computed here (as `_output_kernel` would) instead of storing each chunk's h and
+    v_new for it: fewer bytes, a longer step, so it pays only when many programs share the GPU."""
     v_block = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     value_head = tl.program_id(2)
@@ -147,6 +153,7 @@ def _walk_kernel(
             lower = tl.load(initial_state_ptr + state_base + state_lower)
         upper = upper.to(tl.float32)
         lower = lower.to(tl.float32)
+    causal = half[:, None] >= half[None, :]
 
     for chunk in tl.range(0, tl.cdiv(eos - bos, 64), num_stages=STAGES):
         start = bos + chunk * 64
@@ -160,38 +167,73 @@ def _walk_kernel(
         w_upper = tl.load(w_rows + half[None, :], mask=valid[:, None], other=0.0)
         k_upper = tl.load(k_rows + half[None, :], mask=valid[:, None], other=0.0)
         u = tl.load(u_ptr + v_offsets, mask=valid[:, None], other=0.0)
-        chunk_state = chunk_states_ptr + ((first_chunk + chunk) * HV + value_head) * K * V
         upper_bf16 = upper.to(tl.bfloat16)
-        tl.store(chunk_state + half[:, None] * V + cols_v[None, :], upper_bf16)
         product = tl.dot(w_upper, upper_bf16)
-        key_scale = tl.exp(last_decay - cum_decay)
+        k_lower = k_upper  # K = 64: no second half, never read
         if K == 128:
             w_lower = tl.load(w_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
             k_lower = tl.load(k_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
             lower_bf16 = lower.to(tl.bfloat16)
-            tl.store(chunk_state + (64 + half[:, None]) * V + cols_v[None, :], lower_bf16)
             product = tl.dot(w_lower, lower_bf16, product)
+        key_norm = tl.full([64], 1.0, tl.float32)
         if USE_L2NORM:
-            k_wide = k_upper.to(tl.float32)
-            squares = tl.sum(k_wide * k_wide, axis=1)
+            key_norm = _row_rsqrt_norm(k_upper, k_lower, K, eps)
+        v_new_wide = u.to(tl.float32) - product
+        v_new = v_new_wide.to(tl.bfloat16)
+        if FUSED_OUTPUT:
+            q_rows = q_ptr + (rows[:, None] * H + key_head) * K
+            q_upper = tl.load(q_rows + half[None, :], mask=valid[:, None], other=0.0)
+            inter = tl.dot(q_upper, upper_bf16)
+            scores = tl.dot(q_upper, tl.trans(k_upper))
+            q_lower = q_upper  # K = 64: never read
             if K == 128:
-                k_wide = k_lower.to(tl.float32)
-                squares += tl.sum(k_wide * k_wide, axis=1)
-            key_scale = key_scale * tl.rsqrt(squares + eps)
-        v_new = (u.to(tl.float32) - product).to(tl.bfloat16)
-        tl.store(v_new_ptr + v_offsets, v_new, mask=valid[:, None])
+                q_lower = tl.load(q_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
+                inter = tl.dot(q_lower, lower_bf16, inter)
+                scores = tl.dot(q_lower, tl.trans(k_lower), scores)
+            query_scale = tl.full([64], scale, tl.float32)
+            if USE_L2NORM:
+                query_scale = query_scale * _row_rsqrt_norm(q_upper, q_lower, K, eps)
+            gate = tl.exp(cum_decay[:, None] - cum_decay[None, :]) * key_norm[None, :]
+            scores = tl.where(causal, scores * gate, 0.0).to(tl.bfloat16)
+            out = inter * tl.exp(cum_decay)[:, None] + tl.dot(scores, v_new)
+            out = out * query_scale[:, None]
+            tl.store(o_ptr + v_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+        else:
+            tl.store(v_new_ptr + v_offsets, v_new, mask=valid[:, None])
+            chunk_state = chunk_states_ptr + ((first_chunk + chunk) * HV + value_head) * K * V
+            tl.store(chunk_state + half[:, None] * V + cols_v[None, :], upper_bf16)
+            if K == 128:
+                tl.store(chunk_state + (64 + half[:, None]) * V + cols_v[None, :], lower_bf16)
+        row_scale = tl.exp(last_decay - cum_decay) * key_norm
         decay = tl.exp(last_decay)
-        k_to_end = (k_upper.to(tl.float32) * key_scale[:, None]).to(tl.bfloat16)
-        upper = upper * decay + tl.dot(tl.trans(k_to_end), v_new)
-        if K == 128:
-            k_to_end = (k_lower.to(tl.float32) * key_scale[:, None]).to(tl.bfloat16)
-            lower = lower * decay + tl.dot(tl.trans(k_to_end), v_new)
+        if FUSED_OUTPUT:  # k's tile also fed q k^T: scaling its rows measured faster here
+            k_to_end = (k_upper.to(tl.float32) * row_scale[:, None]).to(tl.bfloat16)
+            upper = upper * decay + tl.dot(tl.trans(k_to_end), v_new)
+            if K == 128:
+                k_to_end = (k_lower.to(tl.float32) * row_scale[:, None]).to(tl.bfloat16)
+                lower = lower * decay + tl.dot(tl.trans(k_to_end), v_new)
+        else:
+            v_to_end = (v_new_wide * row_scale[:, None]).to(tl.bfloat16)
+            upper = upper * decay + tl.dot(tl.trans(k_upper), v_to_end)
+            if K == 128:
+                lower = lower * decay + tl.dot(tl.trans(k_lower), v_to_end)
 
     if STORE_FINAL_STATE:
         tl.store(final_state_ptr + state_base + cols_v[None, :] * K + half[:, None], upper)
         if K == 128:
             state_lower = cols_v[None, :] * K + 64 + half[:, None]
             tl.store(final_state_ptr + state_base + state_lower, lower)
+
+
+@triton.jit
+def _row_rsqrt_norm(upper, lower, K: tl.constexpr, eps):
+    """1 / L2 norm of each row of a [64, K] BF16 tile given as its 64-column halves."""
+    wide = upper.to(tl.float32)
+    squares = tl.sum(wide * wide, axis=1)
+    if K == 128:
+        wide = lower.to(tl.float32)
+        squares += tl.sum(wide * wide, axis=1)
+    return tl.rsqrt(squares + eps)
 
 
 @triton.jit
@@ -299,11 +341,19 @@ class Launch:
         self.u = torch.empty(
             num_tokens, num_value_heads, head_v_dim, device=device, dtype=torch.bfloat16
         )
-        self.v_new = torch.empty_like(self.u)
-        self.chunk_states = torch.empty(
-            self.num_chunks, num_value_heads, head_k_dim, head_v_dim,
-            device=device, dtype=torch.bfloat16,
-        )  # fmt: skip
+        self.fused_output = (
+            FUSED_OUTPUT
+            if FUSED_OUTPUT is not None
+            else _fuse_output(self.num_seqs * num_value_heads, head_v_dim, device)
+        )
+        if self.fused_output:  # the walk writes the output; nothing per chunk in between
+            self.v_new = self.chunk_states = self.cum_decay
+        else:
+            self.v_new = torch.empty_like(self.u)
+            self.chunk_states = torch.empty(
+                self.num_chunks, num_value_heads, head_k_dim, head_v_dim,
+                device=device, dtype=torch.bfloat16,
+            )  # fmt: skip
         if core_attn_out is not None:
             self.o = core_attn_out.reshape(-1)[: self.v.numel()].view(self.v.shape)
         else:
@@ -334,20 +384,24 @@ class Launch:
     def run_state(self) -> None:
         head_v_dim = self.shapes["V"]
         block_v = WALK_BLOCK_V or _walk_block_v(
-            self.num_seqs * self.shapes["HV"], head_v_dim, self.q.device
+            self.num_seqs * self.shapes["HV"], head_v_dim, self.fused_output, self.q.device
         )
         placeholder = self.cum_decay  # never read or written when its flag is off
         _walk_kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
-            self.k, self.w, self.u, self.cum_decay,
+            self.q, self.k, self.w, self.u, self.cum_decay,
             placeholder if self.initial_state is None else self.initial_state,
             placeholder if self.final_state is None else self.final_state,
-            self.chunk_states, self.v_new, self.cu_seqlens, self.chunk_offsets, self.eps,
-            **self.shapes, BV=block_v, HAS_INITIAL_STATE=self.initial_state is not None,
-            STORE_FINAL_STATE=self.final_state is not None, STAGES=WALK_STAGES,
+            self.chunk_states, self.v_new, self.o, self.cu_seqlens, self.chunk_offsets,
+            self.scale, self.eps, **self.shapes, BV=block_v,
+            HAS_INITIAL_STATE=self.initial_state is not None,
+            STORE_FINAL_STATE=self.final_state is not None, FUSED_OUTPUT=self.fused_output,
+            STAGES=FUSED_WALK_STAGES if self.fused_output else WALK_STAGES,
             num_warps=WALK_NUM_WARPS,
         )  # fmt: skip
 
     def run_output(self) -> None:
+        if self.fused_output:  # run_state wrote it
+            return
         block_v = OUTPUT_BLOCK_V or self.shapes["V"]
         grid = (self.num_chunks, self.shapes["HV"], self.shapes["V"] // block_v)
         _output_kernel[grid](
@@ -371,13 +425,26 @@ def chunk_gated_delta_rule(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor 
     return launch.result()
 
 
-def _walk_block_v(programs_per_block: int, head_v_dim: int, device: torch.device) -> int:
+def _walk_block_v(
+    programs_per_block: int, head_v_dim: int, fused_output: bool, device: torch.device
+) -> int:
     """Columns of V per walk program: 32 when 64-column programs would leave SMs idle (one
     long sequence), else 64 (fewer re-reads of k and w). Picked on the H200 bench."""
-    if device.type != "cuda":
+    if device.type != "cuda" or fused_output:
         return min(64, head_v_dim)
     sms = _multiprocessors(device.index if device.index is not None else 0)
     return 32 if programs_per_block * (head_v_dim // 64) < sms else 64
+
+
+def _fuse_output(programs_per_block: int, head_v_dim: int, device: torch.device) -> bool:
+    """Output in the walk when 64-column walk programs fill every SM FUSED_MIN_PROGRAMS_PER_SM
+    times over (many sequences): the GPU is then busy without the separate output launch, and
+    the chunk states' round trip is saved. One long sequence keeps the three launches."""
+    if device.type != "cuda":
+        return False
+    sms = _multiprocessors(device.index if device.index is not None else 0)
+    programs = programs_per_block * max(1, head_v_dim // 64)
+    return programs >= FUSED_MIN_PROGRAMS_PER_SM * sms
 
 
 @functools.cache
