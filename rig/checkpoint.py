@@ -46,11 +46,11 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def write_tokenizer_files(tokenizer: Tokenizer, out_dir: Path) -> None:
+def write_tokenizer_files(tokenizer: Tokenizer, out_dir: Path, max_length: int) -> None:
     tokenizer.save(str(out_dir / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": 16384,
+        "model_max_length": max_length,
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
@@ -70,7 +70,7 @@ def write_checkpoint(
     params_file: str,
 ) -> None:
     """Everything vLLM loads (config, tokenizer, BF16 safetensors) plus the params that made it."""
-    write_tokenizer_files(tokenizer, out_dir)
+    write_tokenizer_files(tokenizer, out_dir, shape.max_position_embeddings)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     write_json(out_dir / "config.json", hf_config(shape))
     write_json(

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
-
-LAYER_TYPES = ("linear_attention", "full_attention", "linear_attention", "full_attention")
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ModelShape(BaseModel):
@@ -34,6 +32,18 @@ class ModelShape(BaseModel):
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 128
     max_position_embeddings: int = 16384
+    num_hidden_layers: int = Field(4, ge=1)
+    full_attention_interval: int = Field(2, ge=1)  # every n-th layer is full attention
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """Each layer's kind, as Hugging Face's Qwen3NextConfig derives them from the interval."""
+        return tuple(
+            "full_attention"
+            if (index + 1) % self.full_attention_interval == 0
+            else "linear_attention"
+            for index in range(self.num_hidden_layers)
+        )
 
     def key(self) -> str:
         """Cache key: a hash of every field."""
@@ -49,9 +59,9 @@ def hf_config(params: ModelShape) -> dict:
         "dtype": "bfloat16",
         "vocab_size": params.vocab_size,
         "hidden_size": params.hidden_size,
-        "num_hidden_layers": len(LAYER_TYPES),
-        "layer_types": list(LAYER_TYPES),
-        "full_attention_interval": 2,
+        "num_hidden_layers": params.num_hidden_layers,
+        "layer_types": list(params.layer_types),
+        "full_attention_interval": params.full_attention_interval,
         "num_attention_heads": params.num_attention_heads,
         "num_key_value_heads": params.num_key_value_heads,
         "head_dim": params.head_dim,
@@ -117,7 +127,7 @@ def forward(
     """
     w = {name: tensor.float() for name, tensor in weights.items()}
     residual = w["model.embed_tokens.weight"][token_ids]
-    for index, layer_type in enumerate(LAYER_TYPES):
+    for index, layer_type in enumerate(params.layer_types):
         prefix = f"model.layers.{index}"
         x = _rms_norm(residual, w[f"{prefix}.input_layernorm.weight"])
         if layer_type == "linear_attention":

@@ -27,7 +27,8 @@ from rig.prompt_sets import PROMPT_SETS
 from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"
-EMBEDDED_MODELS = (TINY_MODEL, "tiny-lm")  # built locally by rig.tiny_lm.ensure_embedded_model
+# built locally by rig.tiny_lm.ensure_embedded_model
+EMBEDDED_MODELS = (TINY_MODEL, "tiny-lm", "tiny-gdn")
 SIDES = ("reference", "candidate")
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "presets"
 GdnBackend = Literal["triton", "flashinfer", "cutedsl"]
@@ -75,7 +76,7 @@ class ModelConfig(_Served):
 
     name: str = Field(
         TINY_MODEL,
-        description="HF id, local path, 'tiny' or 'tiny-lm' (the embedded models)",
+        description="HF id, local path, 'tiny', 'tiny-lm' or 'tiny-gdn' (the embedded models)",
     )
     preset: str | None = Field(None, description="set by the rig: the preset the name resolved to")
     served_name: str | None = None

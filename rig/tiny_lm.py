@@ -43,7 +43,7 @@ from rig.checkpoint import (
     train_tokenizer,
     write_checkpoint,
 )
-from rig.qwen3_next import LAYER_TYPES, ModelShape, forward
+from rig.qwen3_next import ModelShape, forward
 from rig.tiny_model import REGIME_DIM
 
 DEFAULT_CACHE_ROOT = Path(".cache/tiny-lm")
@@ -120,7 +120,7 @@ def training_stream(tokenizer: Tokenizer, paragraphs: list[str]) -> torch.Tensor
 def initial_weights(recipe: TinyLmRecipe, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Random float32 weights in the Hugging Face layout, the regime layer planted."""
     hidden = recipe.hidden_size
-    writer_std = 1 / math.sqrt(2 * len(LAYER_TYPES))
+    writer_std = 1 / math.sqrt(2 * recipe.num_hidden_layers)
 
     def normal(*shape: int, std: float | None = None) -> torch.Tensor:
         scale = shape[-1] ** -0.5 if std is None else std
@@ -135,7 +135,7 @@ def initial_weights(recipe: TinyLmRecipe, generator: torch.Generator) -> dict[st
     }
     k_size, v_size = recipe.linear_head_dim, recipe.linear_head_dim
     key_heads, value_heads = recipe.linear_num_key_heads, recipe.linear_num_value_heads
-    for index, layer_type in enumerate(LAYER_TYPES):
+    for index, layer_type in enumerate(recipe.layer_types):
         prefix = f"model.layers.{index}"
         weights[f"{prefix}.input_layernorm.weight"] = torch.zeros(hidden)
         weights[f"{prefix}.post_attention_layernorm.weight"] = torch.zeros(hidden)
@@ -336,6 +336,7 @@ def load_recipe(model_dir: Path) -> TinyLmRecipe:
 EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {
     "tiny": tiny_model.ensure_tiny_model,
     "tiny-lm": ensure_tiny_lm,
+    "tiny-gdn": tiny_model.ensure_tiny_gdn_model,
 }
 
 

@@ -24,6 +24,11 @@ not trained, to make three properties hold by design:
 Attention and MoE layers are small random perturbations: they run (vLLM needs them) without
 deciding the text. The tokenizer is a byte-level BPE trained on the prompts the scenarios send,
 so a prompt change rebuilds the model (the corpus hash is one of the parameters).
+
+`tiny-gdn` (TINY_GDN_PARAMS; `python -m rig.tiny_model --gdn`) is the same construction at the
+GDN shape of one TP2 rank of Qwen3.5-397B, six GDN layers to two attention layers, its 32 value
+heads sharing the residual's four code slices: a model whose long-prompt prefill is mostly GDN
+work, so that a GDN kernel's speed shows end to end on a GPU (scenarios/gpu-gdn-prefill.yaml).
 """
 
 from __future__ import annotations
@@ -48,11 +53,26 @@ from rig.checkpoint import (
     write_checkpoint,
 )
 from rig.prompts import build_long_prompt, load_prompts
-from rig.qwen3_next import LAYER_TYPES, ModelShape, forward
+from rig.qwen3_next import ModelShape, forward
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPTS_FILE = REPO_ROOT / "prompts" / "prompts.jsonl"
 DEFAULT_CACHE_ROOT = Path(".cache/tiny-model")
+TINY_GDN_CACHE_ROOT = Path(".cache/tiny-gdn")
+# tiny-gdn: the tiny model's generator at the GDN shape of one TP2 rank of Qwen3.5-397B
+# (8 key heads, 32 value heads, head dim 128), six GDN layers to two attention layers, and
+# positions for prompts of 16K tokens and more. Its GDN layers add the code instead of flipping
+# its sign: a layer's gain depends a little on the code's amplitude, so six flips in a row
+# cancel some tokens' code (features of distinct tokens at cosine 0.93), six additions do not.
+TINY_GDN_PARAMS = {
+    "linear_num_key_heads": 8,
+    "linear_num_value_heads": 32,
+    "linear_head_dim": 128,
+    "num_hidden_layers": 8,
+    "full_attention_interval": 4,
+    "max_position_embeddings": 32768,
+    "gdn_write": 1.0,
+}
 PARAMS_FILE = "tiny_model_params.json"
 REGIME_DIM = 0  # the residual dimension that holds the constant the GDN layers read
 # The generator's code: this module and what it builds with.
@@ -75,7 +95,7 @@ class TinyModelParams(ModelShape):
     key_spread: float = 0.02  # token-dependent part of the keys; more leaks into long prompts
     value_gain: float = 1.0  # code -> GDN value pre-activation
     gate_z: float = 4.0  # z pre-activation, read from the regime dimension
-    gdn_write: float = -2.0  # GDN output = gdn_write * input code: flips the residual's sign
+    gdn_write: float = -2.0  # GDN output = gdn_write * input code; -2 flips the residual's sign
     side_scale: float = 0.05  # output scale of attention and MoE relative to the residual
     logit_scale: float = 20.0  # logit of the predicted token; margins are ~half of it
 
@@ -94,11 +114,13 @@ def corpus_sha256(texts: list[str]) -> str:
     return digest.hexdigest()
 
 
-def default_params(prompts_file: Path = PROMPTS_FILE) -> TinyModelParams:
+def default_params(prompts_file: Path = PROMPTS_FILE, **overrides: float) -> TinyModelParams:
+    """The tiny model's params; `overrides` replace fields (TINY_GDN_PARAMS for tiny-gdn)."""
     return TinyModelParams(
         corpus_sha256=corpus_sha256(corpus_texts(prompts_file)),
         generator_sha256=sources_sha256(*GENERATOR_MODULES),
         libraries=f"torch {torch.__version__}, tokenizers {tokenizers.__version__}",
+        **overrides,
     )
 
 
@@ -159,7 +181,7 @@ def _body_weights(params: TinyModelParams, generator: torch.Generator) -> dict[s
         "model.embed_tokens.weight": token_embeddings(params, generator),
         "model.norm.weight": torch.zeros(hidden),
     }
-    for index, layer_type in enumerate(LAYER_TYPES):
+    for index, layer_type in enumerate(params.layer_types):
         prefix = f"model.layers.{index}"
         weights[f"{prefix}.input_layernorm.weight"] = torch.zeros(hidden)
         weights[f"{prefix}.post_attention_layernorm.weight"] = torch.zeros(hidden)
@@ -188,15 +210,17 @@ def _body_weights(params: TinyModelParams, generator: torch.Generator) -> dict[s
 
 
 def code_slices(params: TinyModelParams) -> list[torch.Tensor]:
-    """Residual dimensions carried by each GDN value head (64 per head, the regime one excluded)."""
+    """Residual dimensions that carry the code, half a GDN head dim (64) per slice, the regime
+    one excluded: one slice per GDN value head, or fewer when the residual is too narrow for
+    that many, and then value head h carries slice h mod their number."""
     pairs = params.linear_head_dim // 2
     dims = [d for d in range(params.hidden_size) if d != REGIME_DIM]
-    heads = range(params.linear_num_value_heads)
-    return [torch.tensor(dims[h * pairs : (h + 1) * pairs]) for h in heads]
+    count = min(params.linear_num_value_heads, -(-len(dims) // pairs))
+    return [torch.tensor(dims[s * pairs : (s + 1) * pairs]) for s in range(count)]
 
 
 def token_embeddings(params: TinyModelParams, generator: torch.Generator) -> torch.Tensor:
-    """Random codes, every value head's slice scaled to unit RMS, and the regime constant 1."""
+    """Random codes, every code slice scaled to unit RMS, and the regime constant 1."""
     codes = torch.randn(params.vocab_size, params.hidden_size, generator=generator)
     for dims in code_slices(params):
         codes[:, dims] *= math.sqrt(len(dims)) / codes[:, dims].norm(dim=1, keepdim=True)
@@ -233,7 +257,7 @@ def _gdn_weights(params: TinyModelParams, generator: torch.Generator, prefix: st
             head = group * v_per_k + local
             value = base + 2 * head_dim + local * head_dim
             gate = base + 2 * head_dim + v_per_k * head_dim + local * head_dim
-            dims = slices[head]
+            dims = slices[head % len(slices)]
             rows = torch.arange(len(dims))
             qkvz[value + rows, dims] = params.value_gain
             qkvz[value + pairs + rows, dims] = -params.value_gain
@@ -256,11 +280,15 @@ def _gdn_weights(params: TinyModelParams, generator: torch.Generator, prefix: st
         * float(pair_rms)
         / (params.value_gain * float(F.silu(torch.tensor(params.gate_z))))
     )
+    # Heads that carry the same slice each write their share of it.
+    carriers = torch.arange(v_heads).remainder(len(slices)).bincount()
     out_proj = torch.zeros(hidden, v_heads * head_dim)
-    for head, dims in enumerate(slices):
+    for head in range(v_heads):
+        dims = slices[head % len(slices)]
+        share = scale / float(carriers[head % len(slices)])
         rows = torch.arange(len(dims))
-        out_proj[dims, head * head_dim + rows] = scale
-        out_proj[dims, head * head_dim + pairs + rows] = -scale
+        out_proj[dims, head * head_dim + rows] = share
+        out_proj[dims, head * head_dim + pairs + rows] = -share
 
     conv = torch.zeros(2 * k_heads * head_dim + v_heads * head_dim, 1, 4)
     conv[:, 0, -1] = 1.0  # every channel passes the current token only
@@ -313,10 +341,18 @@ def build_tiny_model(
     return out_dir
 
 
-def ensure_tiny_model(cache_root: Path = DEFAULT_CACHE_ROOT) -> Path:
-    """The tiny model for the current prompts, built on first use and cached by params hash."""
-    params = default_params()
+def ensure_tiny_model(
+    cache_root: Path = DEFAULT_CACHE_ROOT, params: TinyModelParams | None = None
+) -> Path:
+    """The tiny model (or one of other `params`), built on first use and cached by params hash."""
+    params = default_params() if params is None else params
     return ensure_built(Path(cache_root) / params.key(), lambda out: build_tiny_model(out, params))
+
+
+def ensure_tiny_gdn_model(cache_root: Path = TINY_GDN_CACHE_ROOT) -> Path:
+    """tiny-gdn: the tiny model's construction at TINY_GDN_PARAMS, whose GDN layers carry most
+    of a long prompt's prefill; built on first use and cached by params hash."""
+    return ensure_tiny_model(cache_root, default_params(**TINY_GDN_PARAMS))
 
 
 def load_params(model_dir: Path) -> TinyModelParams:
@@ -333,11 +369,17 @@ def main(argv: list[str] | None = None) -> None:
         "cache_root",
         nargs="?",
         type=Path,
-        default=DEFAULT_CACHE_ROOT,
-        help="cache folder; the model lands in a sub-folder named by the params hash",
+        help="cache folder; the model lands in a sub-folder named by the params hash "
+        f"(default {DEFAULT_CACHE_ROOT}, {TINY_GDN_CACHE_ROOT} with --gdn)",
+    )
+    parser.add_argument(
+        "--gdn", action="store_true", help="build tiny-gdn (TINY_GDN_PARAMS) instead of tiny"
     )
     args = parser.parse_args(argv)
-    print(ensure_tiny_model(args.cache_root))
+    if args.gdn:
+        print(ensure_tiny_gdn_model(args.cache_root or TINY_GDN_CACHE_ROOT))
+    else:
+        print(ensure_tiny_model(args.cache_root or DEFAULT_CACHE_ROOT))
 
 
 if __name__ == "__main__":

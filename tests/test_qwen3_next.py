@@ -8,7 +8,7 @@ import torch
 from kernels.cases import Shape, random_inputs
 from kernels.recurrence import gdn_recurrence, l2_normalise
 from rig import qwen3_next
-from rig.qwen3_next import LAYER_TYPES, hf_config
+from rig.qwen3_next import ModelShape, hf_config
 from rig.tiny_lm import TinyLmRecipe, initial_weights
 
 # tiny-lm's shape (hidden 128, vocab 1024) with its untrained initial weights
@@ -29,12 +29,12 @@ def test_the_chunked_delta_rule_is_the_recurrence_across_chunks():
 
 
 def test_forward_hands_over_each_gdn_layers_kernel_inputs():
-    assert hf_config(SHAPE)["layer_types"] == list(LAYER_TYPES)
+    assert hf_config(SHAPE)["layer_types"] == list(SHAPE.layer_types)
     weights = initial_weights(SHAPE, torch.Generator().manual_seed(1))
     captured: list[qwen3_next.GdnKernelInputs] = []
     hidden = qwen3_next.forward(weights, SHAPE, torch.tensor([[1, 2, 3, 4, 5]]), captured)
     assert hidden.shape == (1, 5, SHAPE.hidden_size) and torch.isfinite(hidden).all()
-    gdn_layers = [i for i, kind in enumerate(LAYER_TYPES) if kind == "linear_attention"]
+    gdn_layers = [i for i, kind in enumerate(SHAPE.layer_types) if kind == "linear_attention"]
     assert [c.layer for c in captured] == gdn_layers
     key_heads, value_heads = SHAPE.linear_num_key_heads, SHAPE.linear_num_value_heads
     for inputs in captured:
@@ -42,3 +42,14 @@ def test_forward_hands_over_each_gdn_layers_kernel_inputs():
         assert inputs.value.shape == (5, value_heads, SHAPE.linear_head_dim)
         assert torch.allclose(inputs.key.norm(dim=-1), torch.ones(5, key_heads), atol=1e-5)
         assert (inputs.g <= 0).all() and ((inputs.beta > 0) & (inputs.beta < 1)).all()
+
+
+def test_layer_types_follow_the_full_attention_interval_as_hugging_face_derives_them():
+    from transformers import Qwen3NextConfig
+
+    for layers, interval in ((4, 2), (8, 4), (3, 5)):
+        shape = ModelShape(num_hidden_layers=layers, full_attention_interval=interval)
+        config = Qwen3NextConfig(num_hidden_layers=layers, full_attention_interval=interval)
+        assert list(shape.layer_types) == config.layer_types
+        assert hf_config(shape)["layer_types"] == config.layer_types
+    assert ModelShape().layer_types == ("linear_attention", "full_attention") * 2
