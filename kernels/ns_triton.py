@@ -15,6 +15,8 @@ Three launches, no host sync when vLLM's chunk metadata is given:
      chunk's products are two independent dot chains; loads feed the dots as BF16 and are
      software-pipelined (`WALK_STAGES`). Stores each chunk's starting state (BF16) and v_new.
   3. `_output_kernel`, one program per (chunk, value head): the output, fully parallel.
+With many sequences (`_fuse_output`) the walk computes the output itself and launch 3 is
+skipped: the chunk states' round trip costs more there than the longer walk step.
 The launch settings below are what the H200 bench picked (kernels/README.md); kernels/bench.py
 times the alternatives. Dots take BF16 operands with FP32 accumulation, as FLA's do; the
 Neumann products take TF32 (`NEUMANN_PRECISION`).
