@@ -2,6 +2,7 @@
 # One H200 session for the Triton nsR: kernel gates on CUDA, the GPU kernel tests, the bench.
 # From the repository root, with the fla-core wheel carried to .whl/:
 #     bash kernels/gpu_session.sh
+# BENCH_ARGS passes options to the bench, e.g. BENCH_ARGS="--variants default,output-fused".
 # Logs and CSVs go to $OUT (else results/kernels/gpu-session/). Each step has its own time
 # limit (8 minutes at most, about 4-5 expected); a failing step does not stop the next one.
 set -uo pipefail
@@ -58,7 +59,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $LOGS/NA
     return $status
 }
 
-step bench 270 "$PY" -m kernels.bench --csv "$LOGS/bench.csv"
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+step bench 270 "$PY" -m kernels.bench --csv "$LOGS/bench.csv" ${BENCH_ARGS:-}
 step check 200 "$PY" -m kernels.check --device cuda --csv "$LOGS/check-cuda-ns4.csv"
 step pytest 120 "$PY" -m pytest -m gpu tests/kernels -q -p no:cacheprovider
 
