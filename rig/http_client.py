@@ -47,10 +47,23 @@ def recv_stamped(sock: socket.socket) -> tuple[bytes, float, float]:
     for level, kind, raw in ancillary:
         if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
             seconds, nanoseconds = struct.unpack("qq", raw[:16])
-            wall = time.time()
-            offset = wall - (read_at + time.perf_counter()) / 2  # wall read between the two
+            offset = _wall_minus_perf_counter()
             return data, min(seconds + nanoseconds * 1e-9 - offset, read_at), read_at
     return data, read_at, read_at
+
+
+def _wall_minus_perf_counter() -> float:
+    """CLOCK_REALTIME minus perf_counter, from the tightest of three readings of the wall clock
+    each bracketed by two of perf_counter: a thread switch inside one bracket (another thread
+    holding the GIL for milliseconds) would otherwise shift the offset by half its length."""
+    best_width, best_offset = float("inf"), 0.0
+    for _ in range(3):
+        before = time.perf_counter()
+        wall = time.time()
+        after = time.perf_counter()
+        if after - before < best_width:
+            best_width, best_offset = after - before, wall - (before + after) / 2
+    return best_offset
 
 
 class HttpResponse:

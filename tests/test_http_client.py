@@ -69,3 +69,13 @@ def test_pool_does_not_reuse_connections_idle_past_keep_alive(monkeypatch):
     finally:
         pool.close()
         listener.close()
+
+
+def test_clock_offset_comes_from_the_tightest_bracket(monkeypatch):
+    """True offset 100 s. The first wall reading comes right away and a thread switch follows
+    (its bracket spans 4 ms, so its midpoint is 2 ms late); the 1 us bracket after it is used."""
+    perf_readings = iter([0.0, 0.004, 1.0, 1.000001, 2.0, 2.00001])
+    wall_readings = iter([100.0, 101.0000005, 102.000005])
+    monkeypatch.setattr(http_client.time, "perf_counter", lambda: next(perf_readings))
+    monkeypatch.setattr(http_client.time, "time", lambda: next(wall_readings))
+    assert http_client._wall_minus_perf_counter() == pytest.approx(100.0, abs=1e-9)
