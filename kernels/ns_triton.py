@@ -133,7 +133,8 @@ def _walk_kernel(
     """Per chunk: v_new = u - w h, then h <- exp(G_last) h + k^T (exp(G_last - G) v_new).
 
     h is [K, BV] FP32 in two halves of 64 rows of K (the second unused when K = 64). The decay
-    to the chunk's end scales v_new's rows, so k feeds its dot as loaded. FUSED_OUTPUT: the
+    to the chunk's end scales v_new's rows, so k feeds its dot as loaded (with FUSED_OUTPUT,
+    k's rows: k's tile also feeds q k^T there, and that measured faster). FUSED_OUTPUT: the
     output is computed here (as `_output_kernel` would) instead of storing each chunk's h and
     v_new for it: fewer bytes, a longer step, so it pays only when many programs share the GPU."""
     v_block = tl.program_id(0)
@@ -208,7 +209,7 @@ def _walk_kernel(
                 tl.store(chunk_state + (64 + half[:, None]) * V + cols_v[None, :], lower_bf16)
         row_scale = tl.exp(last_decay - cum_decay) * key_norm
         decay = tl.exp(last_decay)
-        if FUSED_OUTPUT:  # k's tile also fed q k^T: scaling its rows measured faster here
+        if FUSED_OUTPUT:
             k_to_end = (k_upper.to(tl.float32) * row_scale[:, None]).to(tl.bfloat16)
             upper = upper * decay + tl.dot(tl.trans(k_to_end), v_new)
             if K == 128:
