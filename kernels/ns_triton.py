@@ -156,7 +156,6 @@ def _walk_kernel(
             lower = tl.load(initial_state_ptr + state_base + state_lower)
         upper = upper.to(tl.float32)
         lower = lower.to(tl.float32)
-    causal = half[:, None] >= half[None, :]
 
     for chunk in tl.range(0, tl.cdiv(eos - bos, 64), num_stages=STAGES):
         start = bos + chunk * 64
@@ -197,9 +196,7 @@ def _walk_kernel(
             if USE_L2NORM:
                 query_scale = query_scale * _row_rsqrt_norm(q_upper, q_lower, K, eps)
             gate = tl.exp(cum_decay[:, None] - cum_decay[None, :]) * key_norm[None, :]
-            scores = tl.where(causal, scores * gate, 0.0).to(tl.bfloat16)
-            out = inter * tl.exp(cum_decay)[:, None] + tl.dot(scores, v_new)
-            out = out * query_scale[:, None]
+            out = _chunk_output(inter, scores, gate, cum_decay, v_new) * query_scale[:, None]
             tl.store(o_ptr + v_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
         else:
             tl.store(v_new_ptr + v_offsets, v_new, mask=valid[:, None])
@@ -265,13 +262,19 @@ def _output_kernel(
     state_offsets = (chunk * HV + value_head) * K * V + cols_k[:, None] * V + cols_v[None, :]
     chunk_state = tl.load(chunk_states_ptr + state_offsets)
 
-    r = tl.arange(0, 64)
-    causal = r[:, None] >= r[None, :]
-    decayed = tl.dot(queries, tl.trans(keys)) * tl.exp(cum_decay[:, None] - cum_decay[None, :])
-    scores = tl.where(causal, decayed, 0.0)
-    out = tl.dot(queries, chunk_state) * tl.exp(cum_decay)[:, None]
-    out = (out + tl.dot(scores.to(tl.bfloat16), v_new)) * scale
+    gate = tl.exp(cum_decay[:, None] - cum_decay[None, :])
+    scores = tl.dot(queries, tl.trans(keys))
+    out = _chunk_output(tl.dot(queries, chunk_state), scores, gate, cum_decay, v_new) * scale
     tl.store(o_ptr + v_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
+def _chunk_output(inter, scores, gate, cum_decay, v_new):
+    """exp(G) q h + causal(q k^T gate) v_new for one chunk, before the query's scale: `inter`
+    is q h, `scores` q k^T, `gate` exp(G_i - G_j) (times k's norms where they are not in k)."""
+    r = tl.arange(0, 64)
+    masked = tl.where(r[:, None] >= r[None, :], scores * gate, 0.0).to(tl.bfloat16)
+    return inter * tl.exp(cum_decay)[:, None] + tl.dot(masked, v_new)
 
 
 def prepare_chunk_indices(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -435,8 +438,7 @@ def _walk_block_v(
     long sequence), else 64 (fewer re-reads of k and w). Picked on the H200 bench."""
     if device.type != "cuda" or fused_output:
         return min(64, head_v_dim)
-    sms = _multiprocessors(device.index if device.index is not None else 0)
-    return 32 if programs_per_block * (head_v_dim // 64) < sms else 64
+    return 32 if _wide_walk_programs_per_sm(programs_per_block, head_v_dim, device) < 1 else 64
 
 
 def _fuse_output(programs_per_block: int, head_v_dim: int, device: torch.device) -> bool:
@@ -445,9 +447,17 @@ def _fuse_output(programs_per_block: int, head_v_dim: int, device: torch.device)
     the chunk states' round trip is saved. One long sequence keeps the three launches."""
     if device.type != "cuda":
         return False
+    programs_per_sm = _wide_walk_programs_per_sm(programs_per_block, head_v_dim, device)
+    return programs_per_sm >= FUSED_MIN_PROGRAMS_PER_SM
+
+
+def _wide_walk_programs_per_sm(
+    programs_per_block: int, head_v_dim: int, device: torch.device
+) -> float:
+    """Walk programs per SM at 64 columns of V each (programs_per_block: sequences x value
+    heads), on CUDA device `device`."""
     sms = _multiprocessors(device.index if device.index is not None else 0)
-    programs = programs_per_block * max(1, head_v_dim // 64)
-    return programs >= FUSED_MIN_PROGRAMS_PER_SM * sms
+    return programs_per_block * max(1, head_v_dim // 64) / sms
 
 
 @functools.cache
