@@ -11,7 +11,9 @@ defaults (the price of the 4th Newton-Schulz round), and ns4's three stages time
 output fused into the walk, the state stage includes it and the output stage is empty). Times
 are triton.testing.do_bench medians with the 10th-90th percentile spread; the byte floor is
 each workload's fewest bytes (q, k, v, g, beta, o, initial and final states) over the copy
-bandwidth measured at the start.
+bandwidth measured at the start. FLA and ns4 are also timed as CUDA-graph replays
+(`graph_us`: GPU time without the host's launch cost, which varies between runs and is most
+of FLA's time at 2K; L2 is not flushed between replays).
 """
 
 import argparse
@@ -64,6 +66,7 @@ class Timing:
     p90_us: float
     floor_us: float
     fla_over_kernel: float
+    graph_us: float = float("nan")
 
 
 def bench_inputs(lengths: list[int], shape: Shape, seed: int = 0) -> dict:
@@ -103,6 +106,18 @@ def times_us(function: Callable[[], object]) -> tuple[float, float, float]:
     samples = triton.testing.do_bench(function, warmup=25, rep=150, return_mode="all")
     quantiles = torch.tensor(samples).quantile(torch.tensor([0.5, 0.1, 0.9])).tolist()
     return tuple(1000.0 * q for q in quantiles)
+
+
+def graph_time_us(function: Callable[[], object]) -> float:
+    """Median of CUDA-graph replays in microseconds (NaN, with the reason printed, when the
+    call cannot be captured, e.g. because it synchronises with the host)."""
+    import triton.testing
+
+    try:
+        return 1000.0 * triton.testing.do_bench_cudagraph(function, rep=100, return_mode="median")
+    except Exception as error:  # capture fails in many ways (host syncs, allocator state)
+        print(f"graph capture failed: {type(error).__name__}: {error}", flush=True)
+        return float("nan")
 
 
 def copy_bandwidth() -> float:
@@ -199,24 +214,29 @@ def bench_workload(
     floor_us = 1e6 * floor_bytes(lengths, QWEN35_SHAPE) / bandwidth
     timings = []
 
-    def record(kernel: str, variant: str, function: Callable[[], object]) -> None:
-        """Time one kernel; one that fails (compile, launch, import) is reported, not fatal,
-        so that one GPU session times everything that does run."""
+    def record(
+        kernel: str, variant: str, function: Callable[[], object], graphed: bool = False
+    ) -> None:
+        """Time one kernel (also as graph replays when `graphed`); one that fails (compile,
+        launch, import) is reported, not fatal, so that one GPU session times everything that
+        does run."""
         try:
             median, p10, p90 = times_us(function)
         except Exception as error:
             print(f"{workload} {kernel} {variant} FAILED: {type(error).__name__}: {error}")
             return
+        graph = graph_time_us(function) if graphed else float("nan")
         fla = [t.median_us for t in timings if t.kernel == "fla"]
         ratio = (fla[0] if fla else float("nan")) / median
-        timings.append(Timing(workload, kernel, variant, median, p10, p90, floor_us, ratio))
+        timings.append(Timing(workload, kernel, variant, median, p10, p90, floor_us, ratio, graph))
         print(f"{workload:>7} {kernel:>13} {variant:>13} {median:9.1f} us", flush=True)
 
     for name, found in references.items():
         if not isinstance(found, str):
-            record(name, "-", reference_call(found, x))
+            record(name, "-", reference_call(found, x), graphed=True)
     for variant in variants:
-        record("ns4", variant, with_settings(VARIANTS[variant], candidate_call(x, 4)))
+        settings = VARIANTS[variant]
+        record("ns4", variant, with_settings(settings, candidate_call(x, 4)), not settings)
     record("ns3", "default", candidate_call(x, 3))
     launch = candidate_launch(x, 4)
     for stage in STAGES:
@@ -232,9 +252,11 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
     stage_names = [f"ns4:{stage.removeprefix('run_')}" for stage in STAGES]
     for workload, group in frame.groupby("workload", sort=False):
 
-        def median(kernel: str, variant: str | None = None, group=group) -> float:
+        def median(
+            kernel: str, variant: str | None = None, column: str = "median_us", group=group
+        ) -> float:
             hit = group[(group.kernel == kernel) & ((variant is None) | (group.variant == variant))]
-            return float(hit.median_us.iloc[0]) if len(hit) else float("nan")
+            return float(hit[column].iloc[0]) if len(hit) else float("nan")
 
         ns4 = group[group.kernel == "ns4"]
         best = ns4.loc[ns4.median_us.idxmin()]
@@ -247,6 +269,10 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "vllm_fla_us": median("vllm-fla"),
                 "ns4_us": default,
                 "fla/ns4": median("fla") / default,
+                "fla_graph_us": median("fla", column="graph_us"),
+                "ns4_graph_us": median("ns4", "default", "graph_us"),
+                "fla/ns4_graph": median("fla", column="graph_us")
+                / median("ns4", "default", "graph_us"),
                 "best_variant": best.variant,
                 "best_us": float(best.median_us),
                 "ns3_us": median("ns3", "default"),

@@ -13,7 +13,8 @@ Three launches, no host sync when vLLM's chunk metadata is given:
   2. `_walk_kernel`, one program per (BV columns of V, sequence, value head): the only
      sequential walk over chunks. The FP32 state is held as two 64-row halves of K, so each
      chunk's products are two independent dot chains; loads feed the dots as BF16 and are
-     software-pipelined (`WALK_STAGES`). Stores each chunk's starting state (BF16) and v_new.
+     software-pipelined (`WALK_STAGES`). Stores each chunk's starting state (BF16, V-first
+     like vLLM's states: on the H200 ~8 us faster at 8K than K-first) and v_new.
   3. `_output_kernel`, one program per (chunk, value head): the output, fully parallel.
 With many sequences (`_fuse_output`) the walk computes the output itself and launch 3 is
 skipped: the chunk states' round trip costs more there than the longer walk step.
@@ -208,9 +209,9 @@ def _walk_kernel(
         else:
             tl.store(v_new_ptr + v_offsets, v_new, mask=valid[:, None])
             chunk_state = chunk_states_ptr + ((first_chunk + chunk) * HV + value_head) * K * V
-            tl.store(chunk_state + half[:, None] * V + cols_v[None, :], upper_bf16)
+            tl.store(chunk_state + cols_v[None, :] * K + half[:, None], upper_bf16)
             if K == 128:
-                tl.store(chunk_state + (64 + half[:, None]) * V + cols_v[None, :], lower_bf16)
+                tl.store(chunk_state + cols_v[None, :] * K + 64 + half[:, None], lower_bf16)
         row_scale = tl.exp(last_decay - cum_decay) * key_norm
         decay = tl.exp(last_decay)
         if FUSED_OUTPUT:
@@ -266,7 +267,7 @@ def _output_kernel(
         keys = _l2_normalised(keys, eps)
     v_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
     v_new = tl.load(v_new_ptr + v_offsets, mask=valid[:, None], other=0.0)
-    state_offsets = (chunk * HV + value_head) * K * V + cols_k[:, None] * V + cols_v[None, :]
+    state_offsets = (chunk * HV + value_head) * K * V + cols_v[None, :] * K + cols_k[:, None]
     chunk_state = tl.load(chunk_states_ptr + state_offsets)
 
     gate = tl.exp(cum_decay[:, None] - cum_decay[None, :])
@@ -364,7 +365,7 @@ class Launch:
         else:
             self.v_new = torch.empty_like(self.u)
             self.chunk_states = torch.empty(
-                self.num_chunks, num_value_heads, head_k_dim, head_v_dim,
+                self.num_chunks, num_value_heads, head_v_dim, head_k_dim,
                 device=device, dtype=torch.bfloat16,
             )  # fmt: skip
         if core_attn_out is not None:

@@ -27,12 +27,17 @@ def test_summary_compares_the_default_and_names_the_best_variant():
         ("ns4:state", "default", 200.0),
         ("ns4:output", "default", 80.0),
     ]
-    frame = pd.DataFrame(
-        asdict(Timing("8k", kernel, variant, us, us, us, 40.0, 700.0 / us))
-        for kernel, variant, us in rows
-    )
+    graphed = {("fla", "-"): 500.0, ("ns4", "default"): 340.0}
+
+    def timing(kernel: str, variant: str, us: float) -> dict:
+        graph = graphed.get((kernel, variant), float("nan"))
+        return asdict(Timing("8k", kernel, variant, us, us, us, 40.0, 700 / us, graph))
+
+    frame = pd.DataFrame(timing(*row) for row in rows)
     row = summary(frame).iloc[0]
     assert row["fla/ns4"] == pytest.approx(2.0)
+    assert row.fla_graph_us == 500.0 and row.ns4_graph_us == 340.0
+    assert row["fla/ns4_graph"] == pytest.approx(500 / 340)
     assert row.best_variant == "walk-bv64" and row.best_us == 280.0
     assert row["ns4/ns3"] == pytest.approx(350 / 340)
     assert row["wy/state/out_us"] == "60/200/80"
