@@ -1,11 +1,12 @@
 """The bench's arithmetic (it only runs on a GPU): byte floors and the per-workload summary."""
 
+import math
 from dataclasses import asdict
 
 import pandas as pd
 import pytest
 
-from kernels.bench import QWEN35_SHAPE, WORKLOADS, Timing, floor_bytes, summary
+from kernels.bench import QWEN35_SHAPE, WORKLOADS, Timing, floor_bytes, graph_time_us, summary
 
 
 @pytest.mark.parametrize(
@@ -41,3 +42,18 @@ def test_summary_compares_the_default_and_names_the_best_variant():
     assert row.best_variant == "walk-bv64" and row.best_us == 280.0
     assert row["ns4/ns3"] == pytest.approx(350 / 340)
     assert row["wy/state/out_us"] == "60/200/80"
+
+
+def test_graph_time_is_nan_with_the_reason_when_capture_fails(capsys, monkeypatch):
+    """A call that cannot be captured (here: one that syncs with the host) costs its row's
+    graph time, not the bench."""
+    import triton.testing
+
+    def host_sync():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda function, **_: function())
+    assert math.isnan(graph_time_us(host_sync))
+    assert "graph capture failed: RuntimeError: operation not permitted" in capsys.readouterr().out
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda function, **_: 0.25)
+    assert graph_time_us(host_sync) == 250.0
