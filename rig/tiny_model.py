@@ -376,10 +376,8 @@ def main(argv: list[str] | None = None) -> None:
         "--gdn", action="store_true", help="build tiny-gdn (TINY_GDN_PARAMS) instead of tiny"
     )
     args = parser.parse_args(argv)
-    if args.gdn:
-        print(ensure_tiny_gdn_model(args.cache_root or TINY_GDN_CACHE_ROOT))
-    else:
-        print(ensure_tiny_model(args.cache_root or DEFAULT_CACHE_ROOT))
+    ensure = ensure_tiny_gdn_model if args.gdn else ensure_tiny_model
+    print(ensure(args.cache_root) if args.cache_root else ensure())
 
 
 if __name__ == "__main__":
