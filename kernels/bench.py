@@ -41,6 +41,7 @@ WORKLOADS = {
 # Module attributes of kernels/ns_triton.py tried for ns4; "default" leaves them as they are.
 VARIANTS = {
     "default": {},
+    "neumann-tf32": {"NEUMANN_PRECISION": "tf32"},
     "neumann-tf32x3": {"NEUMANN_PRECISION": "tf32x3"},
     "wy-2warps": {"WY_NUM_WARPS": 2},
     "walk-bv32": {"WALK_BLOCK_V": 32},

@@ -31,7 +31,7 @@ import triton.language as tl
 
 CHUNK = 64
 WY_NUM_WARPS = 4
-NEUMANN_PRECISION = "tf32"
+NEUMANN_PRECISION = "bf16"
 WALK_BLOCK_V = None  # None: by occupancy (_walk_block_v)
 WALK_NUM_WARPS = 4
 WALK_STAGES = 3
@@ -67,11 +67,22 @@ def _unit_lower_inverse(strict_lower, NS_ROUNDS: tl.constexpr, PRECISION: tl.con
         x = tl.dot(x, (2.0 * eye16 - product.to(tl.float32)).to(tl.bfloat16)).to(tl.bfloat16)
     spread = tl.where(on_diagonal, x.to(tl.float32)[:, :, None, :], 0.0)
     block_inverse = tl.reshape(spread, [64, 64])
-    z = tl.dot(block_inverse, across, input_precision=PRECISION)
+    z = _neumann_dot(block_inverse, across, PRECISION)
     series = eye - z
-    series = eye - tl.dot(z, series, input_precision=PRECISION)
-    series = eye - tl.dot(z, series, input_precision=PRECISION)
-    return tl.dot(series, block_inverse, input_precision=PRECISION)
+    series = eye - _neumann_dot(z, series, PRECISION)
+    series = eye - _neumann_dot(z, series, PRECISION)
+    return _neumann_dot(series, block_inverse, PRECISION)
+
+
+@triton.jit
+def _neumann_dot(a, b, PRECISION: tl.constexpr):
+    """a @ b for FP32 tiles with FP32 accumulation: BF16 operands ("bf16") or tl.dot's
+    input_precision ("tf32", "tf32x3", "ieee")."""
+    if PRECISION == "bf16":
+        product = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        product = tl.dot(a, b, input_precision=PRECISION)
+    return product
 
 
 @triton.jit
