@@ -13,15 +13,17 @@ loads in (API server, engine core, workers):
     `backend` is the backend vLLM itself chose (triton, flashinfer, cutedsl, cpu-native),
     `requested_backend` what vLLM was asked for (auto unless --gdn-prefill-backend said); both
     are empty in processes that never built the GDN op (API server, engine core).
-`read_kernel_proof` joins log and stats (only stats of pids with a marker in this log count, so a
-shared or stale stats folder cannot vouch for a server); `read_kernel_proof_from_metrics`
+`read_kernel_proof` joins log and stats: stats of pids with a marker in this log count, and stats
+carrying the server id of such a pid (processes of the same server whose stderr vLLM captured,
+such as its model-registry inspection subprocess, which loads plugins), so a shared or stale stats
+folder cannot vouch for a server; `read_kernel_proof_from_metrics`
 reads the same facts from /metrics, which also works for servers the rig did not start.
 """
 
 import json
 import re
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from kernels.backends import REFERENCE_PREFIX, expected_reference_kernel, reference_kernel_name
@@ -239,7 +241,10 @@ def read_kernel_proof(log_path: Path, stats_dir: Path) -> KernelProof:
             )
         )
     marker_pids = {s.pid for s in loaded}
-    counted = [s for pid, s in stats.items() if pid in marker_pids]
+    servers = {stats[pid].server for pid in marker_pids if pid in stats} - {""}
+    silent = [s for pid, s in stats.items() if pid not in marker_pids and s.server in servers]
+    loaded.extend(replace(s, calls=0) for s in silent)
+    counted = [s for pid, s in stats.items() if pid in marker_pids] + silent
     backend = VLLM_BACKEND_PATTERN.search(text)
     return _proof(loaded, counted, backend.group(0).strip() if backend else None, "log")
 

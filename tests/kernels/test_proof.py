@@ -18,8 +18,8 @@ SHA_A = "a" * 64
 SHA_B = "b" * 64
 
 
-def write_stats(folder, pid, kernel, calls, sha=SHA_A):
-    record = {"kernel": kernel, "source_sha256": sha, "calls": calls, "pid": pid}
+def write_stats(folder, pid, kernel, calls, sha=SHA_A, server=""):
+    record = {"kernel": kernel, "source_sha256": sha, "calls": calls, "pid": pid, "server": server}
     (folder / stats_file_name(pid)).write_text(json.dumps(record))
 
 
@@ -53,6 +53,22 @@ def test_markers_and_stats_of_this_server_count(tmp_path):
     assert proof.source_sha256 == (SHA_A,)
     assert proof.vllm_backend_line.startswith("Using CPU GDN prefill kernel")
     assert "8 GDN prefill calls" in proof.describe()
+
+
+def test_a_silent_process_of_the_same_server_counts_and_another_servers_does_not(tmp_path):
+    """vLLM runs some processes with their stderr captured (its model-registry inspection
+    subprocess loads plugins): no marker in the log, but a stats file with this server's id."""
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(format_marker("ns4", SHA_A, pid, "cuda") for pid in (10, 12)))
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    write_stats(stats, 10, "ns4", 0, server="s1")
+    write_stats(stats, 12, "ns4", 6, server="s1")
+    write_stats(stats, 11, "ns4", 0, server="s1")  # silent: stderr captured
+    write_stats(stats, 40, "ns4", 9, server="s2")  # another server in the same folder
+    proof = read_kernel_proof(log, stats)
+    assert proof.loaded_pids == (10, 12, 11)
+    assert proof.calls == 6 and proof.pids == (12,)
 
 
 def test_installed_but_never_ran(tmp_path):
