@@ -11,7 +11,9 @@ defaults (the price of the 4th Newton-Schulz round), and ns4's three stages time
 output fused into the walk, the state stage includes it and the output stage is empty). Times
 are triton.testing.do_bench medians with the 10th-90th percentile spread; the byte floor is
 each workload's fewest bytes (q, k, v, g, beta, o, initial and final states) over the copy
-bandwidth measured at the start. FLA and ns4 are also timed as CUDA-graph replays
+bandwidth measured at the start; the staged floor adds what ns4's launches pass each other
+through memory (w, u, v_new, chunk states), and FLA's GPU time over it is the best ratio this
+design could reach. FLA and ns4 are also timed as CUDA-graph replays
 (`graph_us`: GPU time without the host's launch cost, which varies between runs and is most
 of FLA's time at 2K; L2 is not flushed between replays).
 """
@@ -68,6 +70,7 @@ class Timing:
     floor_us: float
     fla_over_kernel: float
     graph_us: float = float("nan")
+    staged_floor_us: float = float("nan")
 
 
 def bench_inputs(lengths: list[int], shape: Shape, seed: int = 0) -> dict:
@@ -98,6 +101,26 @@ def floor_bytes(lengths: list[int], shape: Shape) -> int:
     t, h, hv, d = sum(lengths), shape.heads, shape.value_heads, shape.head_dim
     activations = 2 * t * h * d * 2 + 2 * t * hv * d * 2 + t * hv * (4 + 2)
     return activations + 2 * len(lengths) * hv * d * d * 4
+
+
+def staged_floor_bytes(lengths: list[int], shape: Shape, fused_output: bool) -> int:
+    """The bytes ns4's launches move when every tensor each one reads or writes crosses memory
+    once per launch: the intermediates (cumulative decays, w, u and, with the output launch,
+    v_new and each chunk's BF16 state) as well as the inputs and outputs. Over the copy bandwidth,
+    the fastest this design could run whatever its kernels' efficiency."""
+    t, n, h, hv, d = sum(lengths), len(lengths), shape.heads, shape.value_heads, shape.head_dim
+    chunks = sum(-(-length // 64) for length in lengths)
+    key = t * h * d * 2  # q or k, BF16
+    per_value_head = t * hv * d * 2  # v, w, u, v_new or o, BF16
+    decays = t * hv * 4  # g or the cumulative decays, FP32
+    states = 2 * n * hv * d * d * 4  # FP32 initial state read, final state written
+    chunk_states = chunks * hv * d * d * 2
+    wy = key + 3 * per_value_head + 2 * decays + t * hv * 2
+    walk = key + 2 * per_value_head + decays + states
+    if fused_output:
+        return wy + walk + key + per_value_head
+    output = 2 * key + decays + chunk_states + 2 * per_value_head
+    return wy + walk + per_value_head + chunk_states + output
 
 
 def times_us(function: Callable[[], object]) -> tuple[float, float, float]:
@@ -213,6 +236,9 @@ def bench_workload(
     lengths = WORKLOADS[workload]
     x = bench_inputs(lengths, QWEN35_SHAPE)
     floor_us = 1e6 * floor_bytes(lengths, QWEN35_SHAPE) / bandwidth
+    launch = candidate_launch(x, 4)
+    staged_bytes = staged_floor_bytes(lengths, QWEN35_SHAPE, launch.fused_output)
+    staged_floor_us = 1e6 * staged_bytes / bandwidth
     timings = []
 
     def record(
@@ -229,7 +255,11 @@ def bench_workload(
         graph = graph_time_us(function) if graphed else float("nan")
         fla = [t.median_us for t in timings if t.kernel == "fla"]
         ratio = (fla[0] if fla else float("nan")) / median
-        timings.append(Timing(workload, kernel, variant, median, p10, p90, floor_us, ratio, graph))
+        timings.append(
+            Timing(
+                workload, kernel, variant, median, p10, p90, floor_us, ratio, graph, staged_floor_us
+            )
+        )
         print(f"{workload:>7} {kernel:>13} {variant:>13} {median:9.1f} us", flush=True)
 
     for name, found in references.items():
@@ -239,7 +269,6 @@ def bench_workload(
         function = with_settings(VARIANTS[variant], candidate_call(x, 4))
         record("ns4", variant, function, graphed=variant == "default")
     record("ns3", "default", candidate_call(x, 3))
-    launch = candidate_launch(x, 4)
     for stage in STAGES:
         getattr(launch, stage)()
     for stage in STAGES:
@@ -277,6 +306,8 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "fla_graph_us": fla_graph,
                 "ns4_graph_us": ns4_graph,
                 "fla/ns4_graph": fla_graph / ns4_graph,
+                "staged_floor_us": float(group.staged_floor_us.iloc[0]),
+                "fla_graph/staged_floor": fla_graph / float(group.staged_floor_us.iloc[0]),
                 "best_variant": best.variant,
                 "best_us": float(best.median_us),
                 "ns3_us": median("ns3", "default"),

@@ -6,7 +6,15 @@ from dataclasses import asdict
 import pandas as pd
 import pytest
 
-from kernels.bench import QWEN35_SHAPE, WORKLOADS, Timing, floor_bytes, graph_time_us, summary
+from kernels.bench import (
+    QWEN35_SHAPE,
+    WORKLOADS,
+    Timing,
+    floor_bytes,
+    graph_time_us,
+    staged_floor_bytes,
+    summary,
+)
 
 
 @pytest.mark.parametrize(
@@ -16,6 +24,20 @@ def test_floor_is_the_issue_s_at_4_3_tb_per_s(workload, floor_us):
     assert 1e6 * floor_bytes(WORKLOADS[workload], QWEN35_SHAPE) / 4.3e12 == pytest.approx(
         floor_us, rel=0.03
     )
+
+
+def test_staged_floor_counts_the_intermediates_between_launches():
+    """8K, three launches: k, v, g, beta in; decays, w, u, v_new out and back; 128 chunk states
+    of 32 x 128 x 128 BF16 written and read (268 MB of the 881); fusing the output drops the
+    chunk states' and v_new's round trips and the output launch's second read of k and the
+    decays."""
+    lengths = WORKLOADS["8k"]
+    staged = staged_floor_bytes(lengths, QWEN35_SHAPE, fused_output=False)
+    assert staged / 1e6 == pytest.approx(881, rel=0.01)
+    assert staged > 5 * floor_bytes(lengths, QWEN35_SHAPE)
+    fused = staged_floor_bytes(lengths, QWEN35_SHAPE, fused_output=True)
+    round_trips = 2 * 128 * 32 * 128 * 128 * 2 + 2 * 8192 * 32 * 128 * 2
+    assert staged - fused == round_trips + 8192 * 8 * 128 * 2 + 8192 * 32 * 4
 
 
 def test_summary_compares_the_default_and_names_the_best_variant():
@@ -32,12 +54,13 @@ def test_summary_compares_the_default_and_names_the_best_variant():
 
     def timing(kernel: str, variant: str, us: float) -> dict:
         graph = graphed.get((kernel, variant), float("nan"))
-        return asdict(Timing("8k", kernel, variant, us, us, us, 40.0, 700 / us, graph))
+        return asdict(Timing("8k", kernel, variant, us, us, us, 40.0, 700 / us, graph, 200.0))
 
     frame = pd.DataFrame(timing(*row) for row in rows)
     row = summary(frame).iloc[0]
     assert row["fla/ns4"] == pytest.approx(2.0)
     assert row.fla_graph_us == 500.0 and row.ns4_graph_us == 340.0
+    assert row["fla_graph/staged_floor"] == pytest.approx(2.5)
     assert row["fla/ns4_graph"] == pytest.approx(500 / 340)
     assert row.best_variant == "walk-bv64" and row.best_us == 280.0
     assert row["ns4/ns3"] == pytest.approx(350 / 340)
