@@ -19,8 +19,8 @@ Three launches, no host sync when vLLM's chunk metadata is given:
 With many sequences (`_fuse_output`) the walk computes the output itself and launch 3 is
 skipped: the chunk states' round trip costs more there than the longer walk step.
 The launch settings below are what the H200 bench picked (kernels/README.md); kernels/bench.py
-times the alternatives. Dots take BF16 operands with FP32 accumulation, as FLA's do; the
-Neumann products take TF32 (`NEUMANN_PRECISION`).
+times the alternatives. Dots take BF16 operands with FP32 accumulation, as FLA's do, the
+Neumann products included (`NEUMANN_PRECISION`; TF32 is one of the bench's variants).
 """
 
 import functools
