@@ -7,12 +7,13 @@ Every kernel gets the inputs vLLM's CUDA path gives it: pre-normalised q/k (no i
 norm), FP32 log decays, FP32 initial states, final states out, precomputed chunk metadata.
 Kernels: FLA (fla-core), vLLM's own FLA copy where vLLM is importable, ns4 under launch-setting
 variants of kernels/ns_triton.py (`default` is what the registry's ns4 runs), ns3 with the
-defaults (the price of the 4th Newton-Schulz round), and ns4's three stages timed alone (with the
-output fused into the walk, the state stage includes it and the output stage is empty). Times
+defaults (the price of the 4th Newton-Schulz round), and ns4's two launches timed alone (the
+WY launch with the output's fold, the walk with the output). Times
 are triton.testing.do_bench medians with the 10th-90th percentile spread; the byte floor is
 each workload's fewest bytes (q, k, v, g, beta, o, initial and final states) over the copy
 bandwidth measured at the start; the staged floor adds what ns4's launches pass each other
-through memory (w, u, v_new, chunk states), and FLA's GPU time over it is the best ratio this
+through memory (decays, w, u and, when folded, the folded queries and P), and FLA's GPU time
+over it is the best ratio this
 design could reach. FLA and ns4 are also timed as CUDA-graph replays
 (`graph_us`: GPU time without the host's launch cost, which varies between runs and is most
 of FLA's time at 2K; L2 is not flushed between replays).
@@ -52,11 +53,9 @@ VARIANTS = {
     "walk-stages4": {"WALK_STAGES": 4},
     "walk-8warps": {"WALK_NUM_WARPS": 8},
     "output-fused": {"FUSED_OUTPUT": True},
-    "output-separate": {"FUSED_OUTPUT": False},
-    "out-bv64": {"OUTPUT_BLOCK_V": 64, "FUSED_OUTPUT": False},
-    "out-2warps": {"OUTPUT_NUM_WARPS": 2},
+    "output-folded": {"FUSED_OUTPUT": False},
 }
-STAGES = ("run_wy", "run_state", "run_output")
+STAGES = ("run_wy", "run_walk")
 
 
 @dataclass(frozen=True)
@@ -104,23 +103,23 @@ def floor_bytes(lengths: list[int], shape: Shape) -> int:
 
 
 def staged_floor_bytes(lengths: list[int], shape: Shape, fused_output: bool) -> int:
-    """The bytes ns4's launches move when every tensor each one reads or writes crosses memory
-    once per launch: the intermediates (cumulative decays, w, u and, with the output launch,
-    v_new and each chunk's BF16 state) as well as the inputs and outputs. Over the copy bandwidth,
-    the fastest this design could run whatever its kernels' efficiency."""
+    """The bytes ns4's two launches move when every tensor each one reads or writes crosses
+    memory once per launch: the intermediates (cumulative decays, w, u and, when the output is
+    folded, the folded queries and each chunk's 64 x 64 BF16 P) as well as the inputs and
+    outputs. Over the copy bandwidth, the fastest this design could run whatever its kernels'
+    efficiency."""
     t, n, h, hv, d = sum(lengths), len(lengths), shape.heads, shape.value_heads, shape.head_dim
     chunks = sum(-(-length // 64) for length in lengths)
     key = t * h * d * 2  # q or k, BF16
-    per_value_head = t * hv * d * 2  # v, w, u, v_new or o, BF16
+    per_value_head = t * hv * d * 2  # v, w, u, folded q or o, BF16
     decays = t * hv * 4  # g or the cumulative decays, FP32
     states = 2 * n * hv * d * d * 4  # FP32 initial state read, final state written
-    chunk_states = chunks * hv * d * d * 2
-    wy = key + 3 * per_value_head + 2 * decays + t * hv * 2
-    walk = key + 2 * per_value_head + decays + states
-    if fused_output:
-        return wy + walk + key + per_value_head
-    output = 2 * key + decays + chunk_states + 2 * per_value_head
-    return wy + walk + per_value_head + chunk_states + output
+    wy = key + per_value_head + decays + t * hv * 2 + decays + 2 * per_value_head
+    walk = key + 2 * per_value_head + decays + states + per_value_head
+    if fused_output:  # the walk reads q
+        return wy + walk + key
+    causal = chunks * hv * 64 * 64 * 2
+    return wy + walk + key + 2 * (per_value_head + causal)  # WY reads q; both pass the fold
 
 
 def times_us(function: Callable[[], object]) -> tuple[float, float, float]:
@@ -312,7 +311,7 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "best_us": float(best.median_us),
                 "ns3_us": median("ns3", "default"),
                 "ns4/ns3": default / median("ns3", "default"),
-                "wy/state/out_us": "/".join(f"{median(name):.0f}" for name in stage_names),
+                "wy/walk_us": "/".join(f"{median(name):.0f}" for name in stage_names),
             }
         )
     return pd.DataFrame(rows)

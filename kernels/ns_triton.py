@@ -5,19 +5,23 @@
 vLLM keeps them, cu_seqlens, precomputed chunk_indices and chunk_offsets, optional
 core_attn_out) and returns (o [B, T, HV, V], final state [N, HV, V, K] float32 or None).
 
-Three launches, no host sync when vLLM's chunk metadata is given:
+Two launches, no host sync when vLLM's chunk metadata is given:
   1. `_wy_kernel`, one program per (chunk, value head): chunk-local cumulative decay, the
      within-chunk A, its unit lower-triangular inverse (BF16 Newton-Schulz on the 16x16
      diagonal blocks -- the nsR rounds -- then a Neumann series over the off-diagonal blocks,
      exact after 3 terms because they are strictly block-lower), and the WY vectors w, u.
+     Unless the walk computes the output itself, it also folds the output's chunk-local part
+     into WY form: with P = causal(q k^T exp(G_i - G_j)) scale and v_new = u - w h, the output
+     scale (exp(G) q h + P v_new) is (scale exp(G) q - P w) h + P u, so it stores
+     q_folded = scale exp(G) q - P w and P.
   2. `_walk_kernel`, one program per (BV columns of V, sequence, value head): the only
      sequential walk over chunks. The FP32 state is held as two 64-row halves of K, so each
      chunk's products are two independent dot chains; loads feed the dots as BF16 and are
-     software-pipelined (`WALK_STAGES`). Stores each chunk's starting state (BF16, V-first
-     like vLLM's states: on the H200 ~8 us faster at 8K than K-first) and v_new.
-  3. `_output_kernel`, one program per (chunk, value head): the output, fully parallel.
-With many sequences (`_fuse_output`) the walk computes the output itself and launch 3 is
-skipped: the chunk states' round trip costs more there than the longer walk step.
+     software-pipelined (`WALK_STAGES`). Per chunk: v_new = u - w h and the output
+     q_folded h + P u, which shares h's operand and is off the state's dependency chain;
+     no chunk state or v_new leaves the program.
+With many sequences (`_fuse_output`) the walk computes the output from q and k itself (q k^T
+recomputed), which measured faster there than the fold's extra WY work.
 The launch settings below are what the H200 bench picked (kernels/README.md); kernels/bench.py
 times the alternatives. Dots take BF16 operands with FP32 accumulation, as FLA's do, the
 Neumann products included (`NEUMANN_PRECISION`; TF32 is one of the bench's variants).
@@ -38,8 +42,6 @@ WALK_STAGES = 3
 FUSED_OUTPUT = None  # None: when enough walk programs share the GPU (_fuse_output)
 FUSED_MIN_PROGRAMS_PER_SM = 2
 FUSED_WALK_STAGES = 2
-OUTPUT_BLOCK_V = None  # None: all of V
-OUTPUT_NUM_WARPS = 4
 
 
 @triton.jit
@@ -105,57 +107,77 @@ def _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk):
 
 @triton.jit
 def _wy_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, cum_decay_ptr, w_ptr, u_ptr, cu_seqlens_ptr,
-    chunk_indices_ptr, eps,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cum_decay_ptr, w_ptr, u_ptr, folded_q_ptr, causal_ptr,
+    cu_seqlens_ptr, chunk_indices_ptr, scale, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     NS_ROUNDS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    FOLD_OUTPUT: tl.constexpr,
 ):  # fmt: skip
+    """Keys are loaded again after the inverse rather than held across it (L1/L2 hits): 166
+    registers instead of 193 without the fold, so three programs share an SM (H200: 8K 134 ->
+    113 us)."""
+    chunk = tl.program_id(0)
     value_head = tl.program_id(1)
     key_head = value_head // (HV // H)
-    rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, tl.program_id(0))
+    rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk)
     cols_k = tl.arange(0, K)
     cols_v = tl.arange(0, V)
-    keys = tl.load(
-        k_ptr + (rows[:, None] * H + key_head) * K + cols_k[None, :], mask=valid[:, None], other=0.0
-    )
-    if USE_L2NORM:
-        keys = _l2_normalised(keys, eps)
-    value_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
-    values = tl.load(v_ptr + value_offsets, mask=valid[:, None], other=0.0)
+    qk_offsets = (rows[:, None] * H + key_head) * K + cols_k[None, :]
+    keys = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)
     g = tl.load(g_ptr + rows * HV + value_head, mask=valid, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + rows * HV + value_head, mask=valid, other=0.0).to(tl.float32)
     cum_decay = tl.cumsum(g, axis=0)
     tl.store(cum_decay_ptr + rows * HV + value_head, cum_decay, mask=valid)
 
     r = tl.arange(0, 64)
-    strictly_causal = r[:, None] > r[None, :]
-    decayed = tl.dot(keys, tl.trans(keys)) * tl.exp(cum_decay[:, None] - cum_decay[None, :])
-    strict_lower = tl.where(strictly_causal, decayed, 0.0)
+    gate = tl.exp(cum_decay[:, None] - cum_decay[None, :])
+    strict_lower = tl.where(r[:, None] > r[None, :], tl.dot(keys, tl.trans(keys)) * gate, 0.0)
     inverse = _unit_lower_inverse(strict_lower * beta[:, None], NS_ROUNDS, PRECISION)
     inverse = inverse.to(tl.bfloat16)
-    key_weights = beta * tl.exp(cum_decay)
-    w = tl.dot(inverse, (keys.to(tl.float32) * key_weights[:, None]).to(tl.bfloat16))
-    u = tl.dot(inverse, (values.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
+    keys = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)
+    weighted_keys = (keys.to(tl.float32) * (beta * tl.exp(cum_decay))[:, None]).to(tl.bfloat16)
+    w = tl.dot(inverse, weighted_keys).to(tl.bfloat16)
     w_offsets = (rows[:, None] * HV + value_head) * K + cols_k[None, :]
-    tl.store(w_ptr + w_offsets, w.to(tl.bfloat16), mask=valid[:, None])
+    tl.store(w_ptr + w_offsets, w, mask=valid[:, None])
+    if FOLD_OUTPUT:
+        queries = _load_rows(q_ptr + qk_offsets, valid, USE_L2NORM, eps)
+        scores = tl.dot(queries, tl.trans(keys)) * (gate * scale)
+        causal = tl.where(r[:, None] >= r[None, :], scores, 0.0).to(tl.bfloat16)
+        folded_q = queries.to(tl.float32) * (scale * tl.exp(cum_decay))[:, None]
+        folded_q -= tl.dot(causal, w)
+        tl.store(folded_q_ptr + w_offsets, folded_q.to(tl.bfloat16), mask=valid[:, None])
+        causal_tile = causal_ptr + (chunk.to(tl.int64) * HV + value_head) * 64 * 64
+        tl.store(causal_tile + r[:, None] * 64 + r[None, :], causal)
+    value_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
+    values = tl.load(v_ptr + value_offsets, mask=valid[:, None], other=0.0)
+    u = tl.dot(inverse, (values.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
     tl.store(u_ptr + value_offsets, u.to(tl.bfloat16), mask=valid[:, None])
 
 
 @triton.jit
+def _load_rows(pointers, valid, USE_L2NORM: tl.constexpr, eps):
+    """A [64, K] BF16 tile of q or k, rows past the sequence zero, L2-normalised if asked."""
+    rows = tl.load(pointers, mask=valid[:, None], other=0.0)
+    if USE_L2NORM:
+        rows = _l2_normalised(rows, eps)
+    return rows
+
+
+@triton.jit
 def _walk_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, cum_decay_ptr, initial_state_ptr, final_state_ptr,
-    chunk_states_ptr, v_new_ptr, o_ptr, cu_seqlens_ptr, chunk_offsets_ptr, scale, eps,
+    q_ptr, k_ptr, w_ptr, u_ptr, folded_q_ptr, causal_ptr, cum_decay_ptr, initial_state_ptr,
+    final_state_ptr, o_ptr, cu_seqlens_ptr, chunk_offsets_ptr, scale, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     USE_L2NORM: tl.constexpr, FUSED_OUTPUT: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    """Per chunk: v_new = u - w h, then h <- exp(G_last) h + k^T (exp(G_last - G) v_new).
+    """Per chunk: v_new = u - w h, the output, then h <- exp(G_last) h + k^T (exp(G_last - G)
+    v_new).
 
-    h is [K, BV] FP32 in two halves of 64 rows of K (the second unused when K = 64). The decay
-    to the chunk's end scales v_new's rows, so k feeds its dot as loaded (with FUSED_OUTPUT,
-    k's rows: k's tile also feeds q k^T there, and that measured faster). FUSED_OUTPUT: the
-    output is computed here (as `_output_kernel` would) instead of storing each chunk's h and
-    v_new for it: fewer bytes, a longer step, so it pays only when many programs share the GPU."""
+    h is [K, BV] FP32 in two halves of 64 rows of K (the second unused when K = 64). The
+    output is q_folded h + P u (both from the WY launch), or with FUSED_OUTPUT computed from q
+    and k here: then the decay to the chunk's end scales k's rows (k's tile also feeds q k^T,
+    and that measured faster), else v_new's, so that k feeds its dot as loaded."""
     v_block = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     value_head = tl.program_id(2)
@@ -190,12 +212,23 @@ def _walk_kernel(
         u = tl.load(u_ptr + v_offsets, mask=valid[:, None], other=0.0)
         upper_bf16 = upper.to(tl.bfloat16)
         product = tl.dot(w_upper, upper_bf16)
+        if not FUSED_OUTPUT:
+            folded_rows = folded_q_ptr + (rows[:, None] * HV + value_head) * K
+            folded_upper = tl.load(folded_rows + half[None, :], mask=valid[:, None], other=0.0)
+            causal_tile = causal_ptr + ((first_chunk + chunk) * HV + value_head) * 64 * 64
+            out = tl.dot(tl.load(causal_tile + half[:, None] * 64 + half[None, :]), u)
+            out = tl.dot(folded_upper, upper_bf16, out)
         k_lower = k_upper  # K = 64: no second half, never read
         if K == 128:
             w_lower = tl.load(w_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
             k_lower = tl.load(k_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
             lower_bf16 = lower.to(tl.bfloat16)
             product = tl.dot(w_lower, lower_bf16, product)
+            if not FUSED_OUTPUT:
+                folded_lower = tl.load(
+                    folded_rows + 64 + half[None, :], mask=valid[:, None], other=0.0
+                )
+                out = tl.dot(folded_lower, lower_bf16, out)
         key_norm = tl.full([64], 1.0, tl.float32)
         if USE_L2NORM:
             key_norm = _row_rsqrt_norm(k_upper, k_lower, K, eps)
@@ -215,14 +248,10 @@ def _walk_kernel(
             if USE_L2NORM:
                 query_scale = query_scale * _row_rsqrt_norm(q_upper, q_lower, K, eps)
             gate = tl.exp(cum_decay[:, None] - cum_decay[None, :]) * key_norm[None, :]
-            out = _chunk_output(inter, scores, gate, cum_decay, v_new) * query_scale[:, None]
-            tl.store(o_ptr + v_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
-        else:
-            tl.store(v_new_ptr + v_offsets, v_new, mask=valid[:, None])
-            chunk_state = chunk_states_ptr + ((first_chunk + chunk) * HV + value_head) * K * V
-            tl.store(chunk_state + cols_v[None, :] * K + half[:, None], upper_bf16)
-            if K == 128:
-                tl.store(chunk_state + cols_v[None, :] * K + 64 + half[:, None], lower_bf16)
+            masked = tl.where(half[:, None] >= half[None, :], scores * gate, 0.0)
+            out = inter * tl.exp(cum_decay)[:, None] + tl.dot(masked.to(tl.bfloat16), v_new)
+            out *= query_scale[:, None]
+        tl.store(o_ptr + v_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
         row_scale = tl.exp(last_decay - cum_decay) * key_norm
         decay = tl.exp(last_decay)
         if FUSED_OUTPUT:
@@ -255,47 +284,6 @@ def _row_rsqrt_norm(upper, lower, K: tl.constexpr, eps):
     return tl.rsqrt(squares + eps)
 
 
-@triton.jit
-def _output_kernel(
-    q_ptr, k_ptr, cum_decay_ptr, chunk_states_ptr, v_new_ptr, o_ptr, cu_seqlens_ptr,
-    chunk_indices_ptr, scale, eps,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    USE_L2NORM: tl.constexpr,
-):  # fmt: skip
-    """o = scale (exp(G) q h + causal(q k^T exp(G_i - G_j)) v_new), one chunk per program."""
-    chunk = tl.program_id(0)
-    value_head = tl.program_id(1)
-    key_head = value_head // (HV // H)
-    rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk)
-    cols_k = tl.arange(0, K)
-    cols_v = tl.program_id(2) * BV + tl.arange(0, BV)
-    cum_decay = tl.load(cum_decay_ptr + rows * HV + value_head, mask=valid, other=0.0)
-    qk_offsets = (rows[:, None] * H + key_head) * K + cols_k[None, :]
-    queries = tl.load(q_ptr + qk_offsets, mask=valid[:, None], other=0.0)
-    keys = tl.load(k_ptr + qk_offsets, mask=valid[:, None], other=0.0)
-    if USE_L2NORM:
-        queries = _l2_normalised(queries, eps)
-        keys = _l2_normalised(keys, eps)
-    v_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
-    v_new = tl.load(v_new_ptr + v_offsets, mask=valid[:, None], other=0.0)
-    state_offsets = (chunk * HV + value_head) * K * V + cols_v[None, :] * K + cols_k[:, None]
-    chunk_state = tl.load(chunk_states_ptr + state_offsets)
-
-    gate = tl.exp(cum_decay[:, None] - cum_decay[None, :])
-    scores = tl.dot(queries, tl.trans(keys))
-    out = _chunk_output(tl.dot(queries, chunk_state), scores, gate, cum_decay, v_new) * scale
-    tl.store(o_ptr + v_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
-
-
-@triton.jit
-def _chunk_output(inter, scores, gate, cum_decay, v_new):
-    """exp(G) q h + causal(q k^T gate) v_new for one chunk, before the query's scale: `inter`
-    is q h, `scores` q k^T, `gate` exp(G_i - G_j) (times k's norms where they are not in k)."""
-    r = tl.arange(0, 64)
-    masked = tl.where(r[:, None] >= r[None, :], scores * gate, 0.0).to(tl.bfloat16)
-    return inter * tl.exp(cum_decay)[:, None] + tl.dot(masked, v_new)
-
-
 def prepare_chunk_indices(cu_seqlens: torch.Tensor) -> torch.Tensor:
     """[num_chunks, 2] (sequence, chunk within sequence), FLA's layout; syncs with the host."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
@@ -306,7 +294,7 @@ def prepare_chunk_indices(cu_seqlens: torch.Tensor) -> torch.Tensor:
 
 
 class Launch:
-    """One call's buffers and its three launches, so that the bench can time each stage."""
+    """One call's buffers and its two launches, so that the bench can time each stage."""
 
     def __init__(
         self,
@@ -371,14 +359,13 @@ class Launch:
             if FUSED_OUTPUT is not None
             else _fuse_output(self.num_seqs * num_value_heads, head_v_dim, device)
         )
-        if self.fused_output:  # the walk writes the output; nothing per chunk in between
-            self.v_new = self.chunk_states = self.cum_decay
+        if self.fused_output:  # the walk computes the output from q and k: nothing folded
+            self.folded_q = self.causal = self.cum_decay
         else:
-            self.v_new = torch.empty_like(self.u)
-            self.chunk_states = torch.empty(
-                self.num_chunks, num_value_heads, head_v_dim, head_k_dim,
-                device=device, dtype=torch.bfloat16,
-            )  # fmt: skip
+            self.folded_q = torch.empty_like(self.w)
+            self.causal = torch.empty(
+                self.num_chunks, num_value_heads, CHUNK, CHUNK, device=device, dtype=torch.bfloat16
+            )
         if core_attn_out is not None:
             self.o = core_attn_out.reshape(-1)[: self.v.numel()].view(self.v.shape)
         else:
@@ -401,38 +388,27 @@ class Launch:
 
     def run_wy(self) -> None:
         _wy_kernel[(self.num_chunks, self.shapes["HV"])](
-            self.k, self.v, self.g, self.beta, self.cum_decay, self.w, self.u, self.cu_seqlens,
-            self.chunk_indices, self.eps, **self.shapes, NS_ROUNDS=self.ns_rounds,
-            PRECISION=NEUMANN_PRECISION, num_warps=WY_NUM_WARPS,
+            self.q, self.k, self.v, self.g, self.beta, self.cum_decay, self.w, self.u,
+            self.folded_q, self.causal, self.cu_seqlens, self.chunk_indices, self.scale,
+            self.eps, **self.shapes, NS_ROUNDS=self.ns_rounds, PRECISION=NEUMANN_PRECISION,
+            FOLD_OUTPUT=not self.fused_output, num_warps=WY_NUM_WARPS,
         )  # fmt: skip
 
-    def run_state(self) -> None:
+    def run_walk(self) -> None:
         head_v_dim = self.shapes["V"]
         block_v = WALK_BLOCK_V or _walk_block_v(
             self.num_seqs * self.shapes["HV"], head_v_dim, self.fused_output, self.q.device
         )
         placeholder = self.cum_decay  # never read or written when its flag is off
         _walk_kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
-            self.q, self.k, self.w, self.u, self.cum_decay,
+            self.q, self.k, self.w, self.u, self.folded_q, self.causal, self.cum_decay,
             placeholder if self.initial_state is None else self.initial_state,
             placeholder if self.final_state is None else self.final_state,
-            self.chunk_states, self.v_new, self.o, self.cu_seqlens, self.chunk_offsets,
-            self.scale, self.eps, **self.shapes, BV=block_v,
-            HAS_INITIAL_STATE=self.initial_state is not None,
+            self.o, self.cu_seqlens, self.chunk_offsets, self.scale, self.eps, **self.shapes,
+            BV=block_v, HAS_INITIAL_STATE=self.initial_state is not None,
             STORE_FINAL_STATE=self.final_state is not None, FUSED_OUTPUT=self.fused_output,
             STAGES=FUSED_WALK_STAGES if self.fused_output else WALK_STAGES,
             num_warps=WALK_NUM_WARPS,
-        )  # fmt: skip
-
-    def run_output(self) -> None:
-        if self.fused_output:  # run_state wrote it
-            return
-        block_v = OUTPUT_BLOCK_V or self.shapes["V"]
-        grid = (self.num_chunks, self.shapes["HV"], self.shapes["V"] // block_v)
-        _output_kernel[grid](
-            self.q, self.k, self.cum_decay, self.chunk_states, self.v_new, self.o,
-            self.cu_seqlens, self.chunk_indices, self.scale, self.eps, **self.shapes,
-            BV=block_v, num_warps=OUTPUT_NUM_WARPS,
         )  # fmt: skip
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -445,8 +421,7 @@ def chunk_gated_delta_rule(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor 
     metadata, computed here when absent, chunk_indices with a host sync)."""
     launch = Launch(*args, **kwargs)
     launch.run_wy()
-    launch.run_state()
-    launch.run_output()
+    launch.run_walk()
     return launch.result()
 
 
@@ -461,9 +436,11 @@ def _walk_block_v(
 
 
 def _fuse_output(programs_per_block: int, head_v_dim: int, device: torch.device) -> bool:
-    """Output in the walk when 64-column walk programs fill every SM FUSED_MIN_PROGRAMS_PER_SM
-    times over (many sequences): the GPU is then busy without the separate output launch, and
-    the chunk states' round trip is saved. One long sequence keeps the three launches."""
+    """Output from q and k in the walk when 64-column walk programs fill every SM
+    FUSED_MIN_PROGRAMS_PER_SM times over (many sequences): the walk's longer step is hidden by
+    the other programs there, and the WY launch skips the fold (H200: 64x128 372 against 439
+    us folded, 8x1K 295 against 322). One long sequence takes the fold (8K 362 against 387 us
+    for the three launches this replaced)."""
     if device.type != "cuda":
         return False
     programs_per_sm = _wide_walk_programs_per_sm(programs_per_block, head_v_dim, device)

@@ -39,7 +39,7 @@ def test_ns4_matches_recurrence_on_varlen_batches(num_seqs, state_dtype):
 @pytest.mark.parametrize("block_v", [16, 32, 64, None])
 def test_walk_matches_recurrence_at_every_column_block(block_v, fused_output, monkeypatch):
     """Long and short sequences in one batch, slow decay so that the state carries far; the
-    output from its own launch and from the walk."""
+    output folded into the WY launch and computed from q and k in the walk."""
     from kernels import ns_triton
 
     monkeypatch.setattr(ns_triton, "WALK_BLOCK_V", block_v)

@@ -1,5 +1,5 @@
 """The Triton nsR on CPU through Triton's interpreter (small shapes, K=V=64 and 128): the
-three launches, and the walk with the output fused in, against the float64 recurrence and the
+output folded into the WY launch and computed in the walk, against the float64 recurrence and the
 PyTorch nsR, and the ns3/ns4 control. The cases run in one child process: TRITON_INTERPRET must
 be set before the kernels are defined."""
 
