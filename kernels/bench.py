@@ -8,12 +8,11 @@ norm), FP32 log decays, FP32 initial states, final states out, precomputed chunk
 Kernels: FLA (fla-core), vLLM's own FLA copy where vLLM is importable, ns4 under launch-setting
 variants of kernels/ns_triton.py (`default` is what the registry's ns4 runs), ns3 with the
 defaults (the price of the 4th Newton-Schulz round), and ns4's two launches timed alone (the
-WY launch with the output's fold, the walk with the output). Times
-are triton.testing.do_bench medians with the 10th-90th percentile spread; the byte floor is
-each workload's fewest bytes (q, k, v, g, beta, o, initial and final states) over the copy
-bandwidth measured at the start; the staged floor adds what ns4's launches pass each other
-through memory (decays, w, u and, when folded, the folded queries and P), and FLA's GPU time
-over it is the best ratio this
+WY launch with the output's fold, the walk with the output). Times are triton.testing.do_bench
+medians with the 10th-90th percentile spread; the byte floor is each workload's fewest bytes
+(q, k, v, g, beta, o, initial and final states) over the copy bandwidth measured at the start;
+the staged floor adds what ns4's launches pass each other through memory (decays, w, u and,
+when folded, the folded queries and P), and FLA's GPU time over it is the best ratio this
 design could reach. FLA and ns4 are also timed as CUDA-graph replays
 (`graph_us`: GPU time without the host's launch cost, which varies between runs and is most
 of FLA's time at 2K; L2 is not flushed between replays).
@@ -114,8 +113,8 @@ def staged_floor_bytes(lengths: list[int], shape: Shape, fused_output: bool) -> 
     per_value_head = t * hv * d * 2  # v, w, u, folded q or o, BF16
     decays = t * hv * 4  # g or the cumulative decays, FP32
     states = 2 * n * hv * d * d * 4  # FP32 initial state read, final state written
-    wy = key + per_value_head + decays + t * hv * 2 + decays + 2 * per_value_head
-    walk = key + 2 * per_value_head + decays + states + per_value_head
+    wy = key + 3 * per_value_head + 2 * decays + t * hv * 2  # k, v, g, beta in; decays, w, u out
+    walk = key + 3 * per_value_head + decays + states  # k, w, u, decays, states in; o out
     if fused_output:  # the walk reads q
         return wy + walk + key
     causal = chunks * hv * 64 * 64 * 2
