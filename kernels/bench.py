@@ -8,11 +8,11 @@ norm), FP32 log decays, FP32 initial states, final states out, precomputed chunk
 Kernels: FLA (fla-core), vLLM's own FLA copy where vLLM is importable, ns4 under launch-setting
 variants of kernels/ns_triton.py (`default` is what the registry's ns4 runs), ns3 with the
 defaults (the price of the 4th Newton-Schulz round), and ns4's two launches timed alone (the
-WY launch with the output's fold, the walk with the output). Times are triton.testing.do_bench
+WY launch, the walk with the output). Times are triton.testing.do_bench
 medians with the 10th-90th percentile spread; the byte floor is each workload's fewest bytes
 (q, k, v, g, beta, o, initial and final states) over the copy bandwidth measured at the start;
-the staged floor adds what ns4's launches pass each other through memory (decays, w, u and,
-when folded, the folded queries and P), and FLA's GPU time over it is the best ratio this
+the staged floor adds what ns4's launches pass each other through memory (w, u, P, row scales
+and decays), and FLA's GPU time over it is the best ratio this
 design could reach. FLA and ns4 are also timed as CUDA-graph replays
 (`graph_us`: GPU time without the host's launch cost, which varies between runs and is most
 of FLA's time at 2K; L2 is not flushed between replays).
@@ -44,15 +44,14 @@ WORKLOADS = {
 VARIANTS = {
     "default": {},
     "neumann-tf32": {"NEUMANN_PRECISION": "tf32"},
-    "neumann-tf32x3": {"NEUMANN_PRECISION": "tf32x3"},
-    "wy-2warps": {"WY_NUM_WARPS": 2},
+    "wy-8warps": {"WY_NUM_WARPS": 8},
+    "walk-bv16": {"WALK_BLOCK_V": 16},
     "walk-bv32": {"WALK_BLOCK_V": 32},
     "walk-bv64": {"WALK_BLOCK_V": 64},
     "walk-stages2": {"WALK_STAGES": 2},
     "walk-stages4": {"WALK_STAGES": 4},
     "walk-8warps": {"WALK_NUM_WARPS": 8},
-    "output-fused": {"FUSED_OUTPUT": True},
-    "output-folded": {"FUSED_OUTPUT": False},
+    "walk-bv64-8warps": {"WALK_BLOCK_V": 64, "WALK_NUM_WARPS": 8},
 }
 STAGES = ("run_wy", "run_walk")
 
@@ -101,24 +100,21 @@ def floor_bytes(lengths: list[int], shape: Shape) -> int:
     return activations + 2 * len(lengths) * hv * d * d * 4
 
 
-def staged_floor_bytes(lengths: list[int], shape: Shape, fused_output: bool) -> int:
+def staged_floor_bytes(lengths: list[int], shape: Shape) -> int:
     """The bytes ns4's two launches move when every tensor each one reads or writes crosses
-    memory once per launch: the intermediates (cumulative decays, w, u and, when the output is
-    folded, the folded queries and each chunk's 64 x 64 BF16 P) as well as the inputs and
-    outputs. Over the copy bandwidth, the fastest this design could run whatever its kernels'
-    efficiency."""
+    memory once per launch: the intermediates (w, u, each chunk's 64 x 64 BF16 P, the row
+    scales and chunk decays) as well as the inputs and outputs. Over the copy bandwidth, the
+    fastest this design could run whatever its kernels' efficiency."""
     t, n, h, hv, d = sum(lengths), len(lengths), shape.heads, shape.value_heads, shape.head_dim
     chunks = sum(-(-length // 64) for length in lengths)
     key = t * h * d * 2  # q or k, BF16
-    per_value_head = t * hv * d * 2  # v, w, u, folded q or o, BF16
-    decays = t * hv * 4  # g or the cumulative decays, FP32
-    states = 2 * n * hv * d * d * 4  # FP32 initial state read, final state written
-    wy = key + 3 * per_value_head + 2 * decays + t * hv * 2  # k, v, g, beta in; decays, w, u out
-    walk = key + 3 * per_value_head + decays + states  # k, w, u, decays, states in; o out
-    if fused_output:  # the walk reads q
-        return wy + walk + key
+    per_value_head = chunks * 64 * hv * d * 2  # v, w, u or o, BF16 (chunk-major: whole chunks)
     causal = chunks * hv * 64 * 64 * 2
-    return wy + walk + key + 2 * (per_value_head + causal)  # WY reads q; both pass the fold
+    scales = chunks * hv * (2 * 64 + 1) * 4  # output and key row scales, chunk decay
+    states = 2 * n * hv * d * d * 4  # FP32 initial state read, final state written
+    wy = 2 * key + 3 * per_value_head + t * hv * (4 + 2) + causal + scales  # q k v g beta in
+    walk = 2 * key + 3 * per_value_head + causal + scales + states  # q k w u P in, o out
+    return wy + walk
 
 
 def times_us(function: Callable[[], object]) -> tuple[float, float, float]:
@@ -235,7 +231,7 @@ def bench_workload(
     x = bench_inputs(lengths, QWEN35_SHAPE)
     floor_us = 1e6 * floor_bytes(lengths, QWEN35_SHAPE) / bandwidth
     launch = candidate_launch(x, 4)
-    staged_bytes = staged_floor_bytes(lengths, QWEN35_SHAPE, launch.fused_output)
+    staged_bytes = staged_floor_bytes(lengths, QWEN35_SHAPE)
     staged_floor_us = 1e6 * staged_bytes / bandwidth
     timings = []
 

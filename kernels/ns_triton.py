@@ -6,22 +6,15 @@ vLLM keeps them, cu_seqlens, precomputed chunk_indices and chunk_offsets, option
 core_attn_out) and returns (o [B, T, HV, V], final state [N, HV, V, K] float32 or None).
 
 Two launches, no host sync when vLLM's chunk metadata is given:
-  1. `_wy_kernel`, one program per (chunk, value head): chunk-local cumulative decay, the
+  1. `_wy_kernel`, one program per (chunk, value head): chunk-local cumulative decay G, the
      within-chunk A, its unit lower-triangular inverse (BF16 Newton-Schulz on the 16x16
      diagonal blocks -- the nsR rounds -- then a Neumann series over the off-diagonal blocks,
-     exact after 3 terms because they are strictly block-lower), and the WY vectors w, u.
-     Unless the walk computes the output itself, it also folds the output's chunk-local part
-     into WY form: with P = causal(q k^T exp(G_i - G_j)) scale and v_new = u - w h, the output
-     scale (exp(G) q h + P v_new) is (scale exp(G) q - P w) h + P u, so it stores
-     q_folded = scale exp(G) q - P w and P.
+     exact after 3 terms because they are strictly block-lower), the WY vectors w and u, the
+     causal P = scale q k^T exp(G_i - G_j), and the per-row scales the walk applies.
   2. `_walk_kernel`, one program per (BV columns of V, sequence, value head): the only
-     sequential walk over chunks. The FP32 state is held as two 64-row halves of K, so each
-     chunk's products are two independent dot chains; loads feed the dots as BF16 and are
-     software-pipelined (`WALK_STAGES`). Per chunk: v_new = u - w h and the output
-     q_folded h + P u, which shares h's operand and is off the state's dependency chain;
-     no chunk state or v_new leaves the program.
-With many sequences (`_fuse_output`) the walk computes the output from q and k itself (q k^T
-recomputed), which measured faster there than the fold's extra WY work.
+     sequential walk over chunks, three dots per chunk ([w; q] h as one 128-row product,
+     P v_new, k^T v_new); loads are software-pipelined (`WALK_STAGES`); no chunk state or
+     v_new leaves the program.
 The launch settings below are what the H200 bench picked (kernels/README.md); kernels/bench.py
 times the alternatives. Dots take BF16 operands with FP32 accumulation, as FLA's do, the
 Neumann products included (`NEUMANN_PRECISION`; TF32 is one of the bench's variants).
@@ -39,9 +32,6 @@ NEUMANN_PRECISION = "bf16"
 WALK_BLOCK_V = None  # None: by occupancy (_walk_block_v)
 WALK_NUM_WARPS = 4
 WALK_STAGES = 3
-FUSED_OUTPUT = None  # None: when enough walk programs share the GPU (_fuse_output)
-FUSED_MIN_PROGRAMS_PER_SM = 2
-FUSED_WALK_STAGES = 2
 
 
 @triton.jit
@@ -88,13 +78,6 @@ def _neumann_dot(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _l2_normalised(x, eps):
-    """Rows of a BF16 tile scaled to unit L2 norm (FP32 arithmetic, BF16 result)."""
-    wide = x.to(tl.float32)
-    return (wide * tl.rsqrt(tl.sum(wide * wide, axis=1) + eps)[:, None]).to(tl.bfloat16)
-
-
-@triton.jit
 def _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk):
     """(rows of this chunk, which of them are in the sequence) for chunk `chunk`."""
     seq = tl.load(chunk_indices_ptr + 2 * chunk).to(tl.int64)
@@ -107,77 +90,76 @@ def _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk):
 
 @triton.jit
 def _wy_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cum_decay_ptr, w_ptr, u_ptr, folded_q_ptr, causal_ptr,
-    cu_seqlens_ptr, chunk_indices_ptr, scale, eps,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, causal_ptr, out_scale_ptr,
+    key_scale_ptr, decay_ptr, cu_seqlens_ptr, chunk_indices_ptr, scale, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     NS_ROUNDS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
-    FOLD_OUTPUT: tl.constexpr,
 ):  # fmt: skip
-    """Keys are loaded again after the inverse rather than held across it (L1/L2 hits): 166
-    registers instead of 193 without the fold, so three programs share an SM (H200: 8K 134 ->
-    113 us)."""
+    """Everything of one chunk that does not depend on the state, written chunk-major (one
+    contiguous block per chunk and value head, rows past the sequence zero), so that the walk
+    loads whole tiles without masks. Keys are loaded again after the inverse rather than held
+    across it (fewer registers, more programs per SM)."""
     chunk = tl.program_id(0)
     value_head = tl.program_id(1)
     key_head = value_head // (HV // H)
+    tile = chunk.to(tl.int64) * HV + value_head
     rows, valid = _chunk_rows(cu_seqlens_ptr, chunk_indices_ptr, chunk)
+    r = tl.arange(0, 64)
     cols_k = tl.arange(0, K)
     cols_v = tl.arange(0, V)
     qk_offsets = (rows[:, None] * H + key_head) * K + cols_k[None, :]
-    keys = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)
+    keys, key_norm = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)
     g = tl.load(g_ptr + rows * HV + value_head, mask=valid, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + rows * HV + value_head, mask=valid, other=0.0).to(tl.float32)
     cum_decay = tl.cumsum(g, axis=0)
-    tl.store(cum_decay_ptr + rows * HV + value_head, cum_decay, mask=valid)
-
-    r = tl.arange(0, 64)
+    last_decay = tl.sum(g, axis=0)  # rows past the sequence add 0
     gate = tl.exp(cum_decay[:, None] - cum_decay[None, :])
+    queries, query_norm = _load_rows(q_ptr + qk_offsets, valid, USE_L2NORM, eps)
+    scores = tl.dot(queries, tl.trans(keys)) * (gate * scale)
+    causal = tl.where(r[:, None] >= r[None, :], scores, 0.0).to(tl.bfloat16)
+    tl.store(causal_ptr + tile * 64 * 64 + r[:, None] * 64 + r[None, :], causal)
+    tl.store(out_scale_ptr + tile * 64 + r, scale * tl.exp(cum_decay) * query_norm)
+    tl.store(key_scale_ptr + tile * 64 + r, tl.exp(last_decay - cum_decay) * key_norm)
+    tl.store(decay_ptr + tile, tl.exp(last_decay))
     strict_lower = tl.where(r[:, None] > r[None, :], tl.dot(keys, tl.trans(keys)) * gate, 0.0)
     inverse = _unit_lower_inverse(strict_lower * beta[:, None], NS_ROUNDS, PRECISION)
     inverse = inverse.to(tl.bfloat16)
-    keys = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)
+    keys, key_norm = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)
     weighted_keys = (keys.to(tl.float32) * (beta * tl.exp(cum_decay))[:, None]).to(tl.bfloat16)
-    w = tl.dot(inverse, weighted_keys).to(tl.bfloat16)
-    w_offsets = (rows[:, None] * HV + value_head) * K + cols_k[None, :]
-    tl.store(w_ptr + w_offsets, w, mask=valid[:, None])
-    if FOLD_OUTPUT:
-        queries = _load_rows(q_ptr + qk_offsets, valid, USE_L2NORM, eps)
-        scores = tl.dot(queries, tl.trans(keys)) * (gate * scale)
-        causal = tl.where(r[:, None] >= r[None, :], scores, 0.0).to(tl.bfloat16)
-        folded_q = queries.to(tl.float32) * (scale * tl.exp(cum_decay))[:, None]
-        folded_q -= tl.dot(causal, w)
-        tl.store(folded_q_ptr + w_offsets, folded_q.to(tl.bfloat16), mask=valid[:, None])
-        causal_tile = causal_ptr + (chunk.to(tl.int64) * HV + value_head) * 64 * 64
-        tl.store(causal_tile + r[:, None] * 64 + r[None, :], causal)
-    value_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
-    values = tl.load(v_ptr + value_offsets, mask=valid[:, None], other=0.0)
+    w = tl.dot(inverse, weighted_keys)
+    tl.store(w_ptr + tile * 64 * K + r[:, None] * K + cols_k[None, :], w.to(tl.bfloat16))
+    values = tl.load(v_ptr + (rows[:, None] * HV + value_head) * V + cols_v[None, :],
+                     mask=valid[:, None], other=0.0)  # fmt: skip
     u = tl.dot(inverse, (values.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
-    tl.store(u_ptr + value_offsets, u.to(tl.bfloat16), mask=valid[:, None])
+    tl.store(u_ptr + tile * 64 * V + r[:, None] * V + cols_v[None, :], u.to(tl.bfloat16))
 
 
 @triton.jit
 def _load_rows(pointers, valid, USE_L2NORM: tl.constexpr, eps):
-    """A [64, K] BF16 tile of q or k, rows past the sequence zero, L2-normalised if asked."""
+    """A [64, K] BF16 tile of q or k, rows past the sequence zero, L2-normalised if asked, and
+    the factor that normalised each row (1 without USE_L2NORM)."""
     rows = tl.load(pointers, mask=valid[:, None], other=0.0)
+    norm = tl.full([64], 1.0, tl.float32)
     if USE_L2NORM:
-        rows = _l2_normalised(rows, eps)
-    return rows
+        wide = rows.to(tl.float32)
+        norm = tl.rsqrt(tl.sum(wide * wide, axis=1) + eps)
+        rows = (wide * norm[:, None]).to(tl.bfloat16)
+    return rows, norm
 
 
 @triton.jit
 def _walk_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, folded_q_ptr, causal_ptr, cum_decay_ptr, initial_state_ptr,
-    final_state_ptr, o_ptr, cu_seqlens_ptr, chunk_offsets_ptr, scale, eps,
+    q_ptr, k_ptr, w_ptr, u_ptr, causal_ptr, out_scale_ptr, key_scale_ptr, decay_ptr,
+    initial_state_ptr, final_state_ptr, o_ptr, cu_seqlens_ptr, chunk_offsets_ptr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    USE_L2NORM: tl.constexpr, FUSED_OUTPUT: tl.constexpr, STAGES: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    """Per chunk: v_new = u - w h, the output, then h <- exp(G_last) h + k^T (exp(G_last - G)
-    v_new).
-
-    h is [K, BV] FP32 in two halves of 64 rows of K (the second unused when K = 64). The
-    output is q_folded h + P u (both from the WY launch), or with FUSED_OUTPUT computed from q
-    and k here: then the decay to the chunk's end scales k's rows (k's tile also feeds q k^T,
-    and that measured faster), else v_new's, so that k feeds its dot as loaded."""
+    """Per chunk, with h [K, BV] the FP32 state at its start:
+        [w h; q h] = [w; q] h                 one dot, w and q stacked into 128 rows
+        v_new = u - w h
+        o = out_scale (q h) + P v_new         out_scale = scale exp(G) (/ |q|)
+        h <- decay h + k^T (key_scale v_new)  key_scale = exp(G_last - G) (/ |k|)
+    Three dots, the fewest waits Triton's wgmma lowering allows here (it waits after each)."""
     v_block = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     value_head = tl.program_id(2)
@@ -185,103 +167,46 @@ def _walk_kernel(
     bos = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
     eos = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
     first_chunk = tl.load(chunk_offsets_ptr + seq).to(tl.int64)
-    half = tl.arange(0, 64)
+    r = tl.arange(0, 64)
+    stacked = tl.arange(0, 128)  # rows of [w; q]
+    is_w = stacked < 64
+    cols_k = tl.arange(0, K)
     cols_v = v_block * BV + tl.arange(0, BV)
-    state_base = (seq * HV + value_head) * V * K  # [N, HV, V, K], V-first
-    upper = tl.zeros([64, BV], dtype=tl.float32)
-    lower = tl.zeros([64, BV], dtype=tl.float32)
+    state_offsets = (seq * HV + value_head) * V * K + cols_v[None, :] * K + cols_k[:, None]
+    state = tl.zeros([K, BV], dtype=tl.float32)
     if HAS_INITIAL_STATE:
-        upper = tl.load(initial_state_ptr + state_base + cols_v[None, :] * K + half[:, None])
-        if K == 128:
-            state_lower = cols_v[None, :] * K + 64 + half[:, None]
-            lower = tl.load(initial_state_ptr + state_base + state_lower)
-        upper = upper.to(tl.float32)
-        lower = lower.to(tl.float32)
+        state = tl.load(initial_state_ptr + state_offsets).to(tl.float32)
 
     for chunk in tl.range(0, tl.cdiv(eos - bos, 64), num_stages=STAGES):
         start = bos + chunk * 64
-        rows = start + half
+        tile = (first_chunk + chunk) * HV + value_head
+        rows = start + r
         valid = rows < eos
-        last_decay = tl.load(cum_decay_ptr + tl.minimum(start + 63, eos - 1) * HV + value_head)
-        cum_decay = tl.load(cum_decay_ptr + rows * HV + value_head, mask=valid, other=0.0)
-        w_rows = w_ptr + (rows[:, None] * HV + value_head) * K
-        k_rows = k_ptr + (rows[:, None] * H + key_head) * K
-        v_offsets = (rows[:, None] * HV + value_head) * V + cols_v[None, :]
-        w_upper = tl.load(w_rows + half[None, :], mask=valid[:, None], other=0.0)
-        k_upper = tl.load(k_rows + half[None, :], mask=valid[:, None], other=0.0)
-        u = tl.load(u_ptr + v_offsets, mask=valid[:, None], other=0.0)
-        upper_bf16 = upper.to(tl.bfloat16)
-        product = tl.dot(w_upper, upper_bf16)
-        if not FUSED_OUTPUT:
-            folded_rows = folded_q_ptr + (rows[:, None] * HV + value_head) * K
-            folded_upper = tl.load(folded_rows + half[None, :], mask=valid[:, None], other=0.0)
-            causal_tile = causal_ptr + ((first_chunk + chunk) * HV + value_head) * 64 * 64
-            out = tl.dot(tl.load(causal_tile + half[:, None] * 64 + half[None, :]), u)
-            out = tl.dot(folded_upper, upper_bf16, out)
-        k_lower = k_upper  # K = 64: no second half, never read
-        if K == 128:
-            w_lower = tl.load(w_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
-            k_lower = tl.load(k_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
-            lower_bf16 = lower.to(tl.bfloat16)
-            product = tl.dot(w_lower, lower_bf16, product)
-            if not FUSED_OUTPUT:
-                folded_lower = tl.load(
-                    folded_rows + 64 + half[None, :], mask=valid[:, None], other=0.0
-                )
-                out = tl.dot(folded_lower, lower_bf16, out)
-        key_norm = tl.full([64], 1.0, tl.float32)
-        if USE_L2NORM:
-            key_norm = _row_rsqrt_norm(k_upper, k_lower, K, eps)
-        v_new_wide = u.to(tl.float32) - product
-        v_new = v_new_wide.to(tl.bfloat16)
-        if FUSED_OUTPUT:
-            q_rows = q_ptr + (rows[:, None] * H + key_head) * K
-            q_upper = tl.load(q_rows + half[None, :], mask=valid[:, None], other=0.0)
-            inter = tl.dot(q_upper, upper_bf16)
-            scores = tl.dot(q_upper, tl.trans(k_upper))
-            q_lower = q_upper  # K = 64: never read
-            if K == 128:
-                q_lower = tl.load(q_rows + 64 + half[None, :], mask=valid[:, None], other=0.0)
-                inter = tl.dot(q_lower, lower_bf16, inter)
-                scores = tl.dot(q_lower, tl.trans(k_lower), scores)
-            query_scale = tl.full([64], scale, tl.float32)
-            if USE_L2NORM:
-                query_scale = query_scale * _row_rsqrt_norm(q_upper, q_lower, K, eps)
-            gate = tl.exp(cum_decay[:, None] - cum_decay[None, :]) * key_norm[None, :]
-            masked = tl.where(half[:, None] >= half[None, :], scores * gate, 0.0)
-            out = inter * tl.exp(cum_decay)[:, None] + tl.dot(masked.to(tl.bfloat16), v_new)
-            out *= query_scale[:, None]
-        tl.store(o_ptr + v_offsets, out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
-        row_scale = tl.exp(last_decay - cum_decay) * key_norm
-        decay = tl.exp(last_decay)
-        if FUSED_OUTPUT:
-            k_to_end = (k_upper.to(tl.float32) * row_scale[:, None]).to(tl.bfloat16)
-            upper = upper * decay + tl.dot(tl.trans(k_to_end), v_new)
-            if K == 128:
-                k_to_end = (k_lower.to(tl.float32) * row_scale[:, None]).to(tl.bfloat16)
-                lower = lower * decay + tl.dot(tl.trans(k_to_end), v_new)
-        else:
-            v_to_end = (v_new_wide * row_scale[:, None]).to(tl.bfloat16)
-            upper = upper * decay + tl.dot(tl.trans(k_upper), v_to_end)
-            if K == 128:
-                lower = lower * decay + tl.dot(tl.trans(k_lower), v_to_end)
+        q_rows = start + stacked - 64
+        stacked_rows = tl.where(
+            is_w, w_ptr + (tile * 64 + stacked) * K, q_ptr + (q_rows * H + key_head) * K
+        )
+        w_and_q = tl.load(stacked_rows[:, None] + cols_k[None, :],
+                          mask=(is_w | (q_rows < eos))[:, None], other=0.0)  # fmt: skip
+        keys = tl.load(k_ptr + (rows[:, None] * H + key_head) * K + cols_k[None, :],
+                       mask=valid[:, None], other=0.0)  # fmt: skip
+        u = tl.load(u_ptr + (tile * 64 + r[:, None]) * V + cols_v[None, :])
+        causal = tl.load(causal_ptr + tile * 64 * 64 + r[:, None] * 64 + r[None, :])
+        out_scale = tl.load(out_scale_ptr + tile * 64 + r)
+        key_scale = tl.load(key_scale_ptr + tile * 64 + r)
+        decay = tl.load(decay_ptr + tile)
+        stacked_product = tl.dot(w_and_q, state.to(tl.bfloat16))
+        halves = tl.permute(tl.reshape(stacked_product, (2, 64, BV)), (1, 2, 0))
+        w_state, q_state = tl.split(halves)
+        v_new = u.to(tl.float32) - w_state
+        out = q_state * out_scale[:, None] + tl.dot(causal, v_new.to(tl.bfloat16))
+        tl.store(o_ptr + (rows[:, None] * HV + value_head) * V + cols_v[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=valid[:, None])  # fmt: skip
+        v_to_end = (v_new * key_scale[:, None]).to(tl.bfloat16)
+        state = state * decay + tl.dot(tl.trans(keys), v_to_end)
 
     if STORE_FINAL_STATE:
-        tl.store(final_state_ptr + state_base + cols_v[None, :] * K + half[:, None], upper)
-        if K == 128:
-            state_lower = cols_v[None, :] * K + 64 + half[:, None]
-            tl.store(final_state_ptr + state_base + state_lower, lower)
-
-
-@triton.jit
-def _row_rsqrt_norm(upper, lower, K: tl.constexpr, eps):
-    """1 / L2 norm of each row of a [64, K] BF16 tile given as its 64-column halves."""
-    wide = upper.to(tl.float32)
-    squares = tl.sum(wide * wide, axis=1)
-    if K == 128:
-        wide = lower.to(tl.float32)
-        squares += tl.sum(wide * wide, axis=1)
-    return tl.rsqrt(squares + eps)
+        tl.store(final_state_ptr + state_offsets, state)
 
 
 def prepare_chunk_indices(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -347,25 +272,13 @@ class Launch:
         self.num_seqs = cu_seqlens.numel() - 1
         self.num_chunks = chunk_indices.shape[0]
         device = q.device
-        self.cum_decay = torch.empty(num_tokens, num_value_heads, device=device)
-        self.w = torch.empty(
-            num_tokens, num_value_heads, head_k_dim, device=device, dtype=torch.bfloat16
-        )
-        self.u = torch.empty(
-            num_tokens, num_value_heads, head_v_dim, device=device, dtype=torch.bfloat16
-        )
-        self.fused_output = (
-            FUSED_OUTPUT
-            if FUSED_OUTPUT is not None
-            else _fuse_output(self.num_seqs * num_value_heads, head_v_dim, device)
-        )
-        if self.fused_output:  # the walk computes the output from q and k: nothing folded
-            self.folded_q = self.causal = self.cum_decay
-        else:
-            self.folded_q = torch.empty_like(self.w)
-            self.causal = torch.empty(
-                self.num_chunks, num_value_heads, CHUNK, CHUNK, device=device, dtype=torch.bfloat16
-            )
+        tiles = (self.num_chunks, num_value_heads)  # chunk-major: one block per chunk and head
+        self.w = torch.empty(*tiles, CHUNK, head_k_dim, device=device, dtype=torch.bfloat16)
+        self.u = torch.empty(*tiles, CHUNK, head_v_dim, device=device, dtype=torch.bfloat16)
+        self.causal = torch.empty(*tiles, CHUNK, CHUNK, device=device, dtype=torch.bfloat16)
+        self.out_scale = torch.empty(*tiles, CHUNK, device=device)
+        self.key_scale = torch.empty(*tiles, CHUNK, device=device)
+        self.decay = torch.empty(*tiles, device=device)
         if core_attn_out is not None:
             self.o = core_attn_out.reshape(-1)[: self.v.numel()].view(self.v.shape)
         else:
@@ -378,36 +291,30 @@ class Launch:
         )
         self.ns_rounds = ns_rounds
         self.eps = l2norm_eps
-        self.shapes = dict(
-            H=num_heads,
-            HV=num_value_heads,
-            K=head_k_dim,
-            V=head_v_dim,
-            USE_L2NORM=use_qk_l2norm_in_kernel,
-        )
+        self.use_l2norm = use_qk_l2norm_in_kernel
+        self.shapes = dict(H=num_heads, HV=num_value_heads, K=head_k_dim, V=head_v_dim)
 
     def run_wy(self) -> None:
         _wy_kernel[(self.num_chunks, self.shapes["HV"])](
-            self.q, self.k, self.v, self.g, self.beta, self.cum_decay, self.w, self.u,
-            self.folded_q, self.causal, self.cu_seqlens, self.chunk_indices, self.scale,
-            self.eps, **self.shapes, NS_ROUNDS=self.ns_rounds, PRECISION=NEUMANN_PRECISION,
-            FOLD_OUTPUT=not self.fused_output, num_warps=WY_NUM_WARPS,
+            self.q, self.k, self.v, self.g, self.beta, self.w, self.u, self.causal,
+            self.out_scale, self.key_scale, self.decay, self.cu_seqlens, self.chunk_indices,
+            self.scale, self.eps, **self.shapes, NS_ROUNDS=self.ns_rounds,
+            USE_L2NORM=self.use_l2norm, PRECISION=NEUMANN_PRECISION, num_warps=WY_NUM_WARPS,
         )  # fmt: skip
 
     def run_walk(self) -> None:
         head_v_dim = self.shapes["V"]
         block_v = WALK_BLOCK_V or _walk_block_v(
-            self.num_seqs * self.shapes["HV"], head_v_dim, self.fused_output, self.q.device
+            self.num_seqs * self.shapes["HV"], head_v_dim, self.q.device
         )
-        placeholder = self.cum_decay  # never read or written when its flag is off
+        placeholder = self.decay  # never read or written when its flag is off
         _walk_kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
-            self.q, self.k, self.w, self.u, self.folded_q, self.causal, self.cum_decay,
-            placeholder if self.initial_state is None else self.initial_state,
+            self.q, self.k, self.w, self.u, self.causal, self.out_scale, self.key_scale,
+            self.decay, placeholder if self.initial_state is None else self.initial_state,
             placeholder if self.final_state is None else self.final_state,
-            self.o, self.cu_seqlens, self.chunk_offsets, self.scale, self.eps, **self.shapes,
-            BV=block_v, HAS_INITIAL_STATE=self.initial_state is not None,
-            STORE_FINAL_STATE=self.final_state is not None, FUSED_OUTPUT=self.fused_output,
-            STAGES=FUSED_WALK_STAGES if self.fused_output else WALK_STAGES,
+            self.o, self.cu_seqlens, self.chunk_offsets, **self.shapes, BV=block_v,
+            HAS_INITIAL_STATE=self.initial_state is not None,
+            STORE_FINAL_STATE=self.final_state is not None, STAGES=WALK_STAGES,
             num_warps=WALK_NUM_WARPS,
         )  # fmt: skip
 
@@ -425,35 +332,14 @@ def chunk_gated_delta_rule(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor 
     return launch.result()
 
 
-def _walk_block_v(
-    programs_per_block: int, head_v_dim: int, fused_output: bool, device: torch.device
-) -> int:
+def _walk_block_v(programs_per_block: int, head_v_dim: int, device: torch.device) -> int:
     """Columns of V per walk program: 32 when 64-column programs would leave SMs idle (one
-    long sequence), else 64 (fewer re-reads of k and w). Picked on the H200 bench."""
-    if device.type != "cuda" or fused_output:
-        return min(64, head_v_dim)
-    return 32 if _wide_walk_programs_per_sm(programs_per_block, head_v_dim, device) < 1 else 64
-
-
-def _fuse_output(programs_per_block: int, head_v_dim: int, device: torch.device) -> bool:
-    """Output from q and k in the walk when 64-column walk programs fill every SM
-    FUSED_MIN_PROGRAMS_PER_SM times over (many sequences): the walk's longer step is hidden by
-    the other programs there, and the WY launch skips the fold (H200: 64x128 372 against 439
-    us folded, 8x1K 295 against 322). One long sequence takes the fold (8K 362 against 387 us
-    for the three launches this replaced)."""
+    long sequence), else 64 (fewer re-reads of w, q, k and P). Picked on the H200 bench."""
     if device.type != "cuda":
-        return False
-    programs_per_sm = _wide_walk_programs_per_sm(programs_per_block, head_v_dim, device)
-    return programs_per_sm >= FUSED_MIN_PROGRAMS_PER_SM
-
-
-def _wide_walk_programs_per_sm(
-    programs_per_block: int, head_v_dim: int, device: torch.device
-) -> float:
-    """Walk programs per SM at 64 columns of V each (programs_per_block: sequences x value
-    heads), on CUDA device `device`."""
+        return min(64, head_v_dim)
     sms = _multiprocessors(device.index if device.index is not None else 0)
-    return programs_per_block * max(1, head_v_dim // 64) / sms
+    wide_programs = programs_per_block * max(1, head_v_dim // 64)
+    return 32 if wide_programs < sms else min(64, head_v_dim)
 
 
 @functools.cache

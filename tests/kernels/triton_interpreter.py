@@ -55,19 +55,15 @@ def patch_bf16_dot() -> None:
     builder.create_dot = create_dot
 
 
-# (label, lengths or "correlated", NS rounds, head dim, walk columns per program, output
-# computed in the walk from q and k ("fused") or folded into the WY launch's vectors ("folded"))
+# (label, lengths or "correlated", NS rounds, head dim, walk columns per program)
 CASES = [
-    ("varlen-k128", [1, 63, 64, 65, 200], 4, 128, 32, "folded"),
-    ("varlen-k128-fused", [1, 63, 64, 65, 200], 4, 128, 64, "fused"),
-    ("one-token", [1], 4, 64, 64, "folded"),
-    ("long-bv16", [700, 130, 5], 4, 64, 16, "folded"),
-    ("long-fused", [700, 130, 5], 4, 64, 32, "fused"),
-    ("empty-sequence", [130, 0, 70], 4, 64, 32, "folded"),
-    ("correlated-ns4", "correlated", 4, 64, 64, "folded"),
-    ("correlated-ns3", "correlated", 3, 64, 64, "folded"),
-    ("correlated-ns4-fused", "correlated", 4, 64, 64, "fused"),
-    ("correlated-ns3-fused", "correlated", 3, 64, 64, "fused"),
+    ("varlen-k128", [1, 63, 64, 65, 200], 4, 128, 32),
+    ("one-token", [1], 4, 64, 64),
+    ("long-bv16", [700, 130, 5], 4, 64, 16),
+    ("long-bv64", [700, 130, 5], 4, 64, 64),
+    ("empty-sequence", [130, 0, 70], 4, 64, 32),
+    ("correlated-ns4", "correlated", 4, 64, 64),
+    ("correlated-ns3", "correlated", 3, 64, 64),
 ]
 
 
@@ -90,9 +86,8 @@ def main() -> None:
     from kernels.runners import run_fla_contract
 
     results = {}
-    for label, lengths, rounds, head_dim, block_v, output in CASES:
+    for label, lengths, rounds, head_dim, block_v in CASES:
         ns_triton.WALK_BLOCK_V = block_v
-        ns_triton.FUSED_OUTPUT = output == "fused"
         shape = Shape(heads=1, value_heads=2, head_dim=head_dim)
         if lengths == "correlated":
             inputs = correlated_key_inputs(shape)
