@@ -19,6 +19,7 @@ of FLA's time at 2K; L2 is not flushed between replays).
 """
 
 import argparse
+import importlib
 import inspect
 import sys
 from collections.abc import Callable
@@ -146,6 +147,13 @@ def copy_bandwidth() -> float:
     return 2 * source.numel() / (median_us * 1e-6)
 
 
+# Where vLLM keeps its copy of FLA's ops: third_party from 0.26 on, layers/fla in 0.20-0.25.
+VLLM_FLA_MODULES = (
+    "vllm.third_party.flash_linear_attention.ops",
+    "vllm.model_executor.layers.fla.ops",
+)
+
+
 def reference_kernels() -> dict[str, Callable | str]:
     """FLA (fla-core) and vLLM's FLA copy: the function, or why it is missing."""
     found: dict[str, Callable | str] = {}
@@ -155,12 +163,15 @@ def reference_kernels() -> dict[str, Callable | str]:
         found["fla"] = fla_chunk
     except ImportError as error:
         found["fla"] = f"not importable: {error}"
-    try:
-        from vllm.model_executor.layers.fla.ops import chunk_gated_delta_rule as vllm_chunk
-
-        found["vllm-fla"] = vllm_chunk
-    except Exception as error:  # vLLM's import can fail in many ways on a bare machine
-        found["vllm-fla"] = f"not importable: {type(error).__name__}: {error}"
+    errors = []
+    for name in VLLM_FLA_MODULES:
+        try:
+            found["vllm-fla"] = importlib.import_module(name).chunk_gated_delta_rule
+            break
+        except Exception as error:  # vLLM's import can fail in many ways on a bare machine
+            errors.append(f"{name}: {type(error).__name__}: {error}")
+    else:
+        found["vllm-fla"] = "not importable: " + "; ".join(errors)
     return found
 
 

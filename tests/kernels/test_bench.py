@@ -1,6 +1,9 @@
-"""The bench's arithmetic (it only runs on a GPU): byte floors and the per-workload summary."""
+"""The bench's arithmetic and lookups (it only runs on a GPU): byte floors, the per-workload
+summary, and where it finds vLLM's copy of FLA."""
 
 import math
+import sys
+import types
 from dataclasses import asdict
 
 import pandas as pd
@@ -8,10 +11,12 @@ import pytest
 
 from kernels.bench import (
     QWEN35_SHAPE,
+    VLLM_FLA_MODULES,
     WORKLOADS,
     Timing,
     floor_bytes,
     graph_time_us,
+    reference_kernels,
     staged_floor_bytes,
     summary,
 )
@@ -78,3 +83,25 @@ def test_graph_time_is_nan_with_the_reason_when_capture_fails(capsys, monkeypatc
     assert "graph capture failed: RuntimeError: operation not permitted" in capsys.readouterr().out
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda function, **_: 0.25)
     assert graph_time_us(host_sync) == 250.0
+
+
+@pytest.mark.parametrize("module", VLLM_FLA_MODULES)
+def test_vllm_s_fla_copy_is_found_where_each_version_keeps_it(module, monkeypatch):
+    """vLLM 0.26+ keeps FLA under third_party, 0.20-0.25 under layers/fla."""
+
+    def chunk_gated_delta_rule():
+        return None
+
+    for name in VLLM_FLA_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)  # None: ImportError on import
+    monkeypatch.setitem(
+        sys.modules, module, types.SimpleNamespace(chunk_gated_delta_rule=chunk_gated_delta_rule)
+    )
+    assert reference_kernels()["vllm-fla"] is chunk_gated_delta_rule
+
+
+def test_a_missing_vllm_fla_copy_says_where_it_was_looked_for(monkeypatch):
+    for name in VLLM_FLA_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)
+    found = reference_kernels()["vllm-fla"]
+    assert isinstance(found, str) and all(name in found for name in VLLM_FLA_MODULES)
