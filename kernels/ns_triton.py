@@ -124,7 +124,7 @@ def _wy_kernel(
     strict_lower = tl.where(r[:, None] > r[None, :], tl.dot(keys, tl.trans(keys)) * gate, 0.0)
     inverse = _unit_lower_inverse(strict_lower * beta[:, None], NS_ROUNDS, PRECISION)
     inverse = inverse.to(tl.bfloat16)
-    keys, key_norm = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)
+    keys, _ = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)  # norms as above
     weighted_keys = (keys.to(tl.float32) * (beta * tl.exp(cum_decay))[:, None]).to(tl.bfloat16)
     w = tl.dot(inverse, weighted_keys)
     tl.store(w_ptr + tile * 64 * K + r[:, None] * K + cols_k[None, :], w.to(tl.bfloat16))
