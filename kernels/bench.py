@@ -45,6 +45,8 @@ WORKLOADS = {
 VARIANTS = {
     "default": {},
     "neumann-tf32": {"NEUMANN_PRECISION": "tf32"},
+    "neumann-tf32x3": {"NEUMANN_PRECISION": "tf32x3"},
+    "wy-2warps": {"WY_NUM_WARPS": 2},
     "wy-8warps": {"WY_NUM_WARPS": 8},
     "walk-bv16": {"WALK_BLOCK_V": 16},
     "walk-bv32": {"WALK_BLOCK_V": 32},
