@@ -111,12 +111,13 @@ def staged_floor_bytes(lengths: list[int], shape: Shape) -> int:
     t, n, h, hv, d = sum(lengths), len(lengths), shape.heads, shape.value_heads, shape.head_dim
     chunks = sum(-(-length // 64) for length in lengths)
     key = t * h * d * 2  # q or k, BF16
-    per_value_head = chunks * 64 * hv * d * 2  # v, w, u or o, BF16 (chunk-major: whole chunks)
+    per_value_head = t * hv * d * 2  # v or o, BF16
+    wy_vectors = 2 * chunks * 64 * hv * d * 2  # w and u, BF16, chunk-major: whole chunks
     causal = chunks * hv * 64 * 64 * 2
     scales = chunks * hv * (2 * 64 + 1) * 4  # output and key row scales, chunk decay
     states = 2 * n * hv * d * d * 4  # FP32 initial state read, final state written
-    wy = 2 * key + 3 * per_value_head + t * hv * (4 + 2) + causal + scales  # q k v g beta in
-    walk = 2 * key + 3 * per_value_head + causal + scales + states  # q k w u P in, o out
+    wy = 2 * key + per_value_head + t * hv * (4 + 2) + wy_vectors + causal + scales
+    walk = 2 * key + wy_vectors + causal + scales + per_value_head + states
     return wy + walk
 
 
