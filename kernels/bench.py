@@ -48,13 +48,16 @@ VARIANTS = {
     "neumann-tf32x3": {"NEUMANN_PRECISION": "tf32x3"},
     "wy-2warps": {"WY_NUM_WARPS": 2},
     "wy-8warps": {"WY_NUM_WARPS": 8},
-    "walk-bv16": {"WALK_BLOCK_V": 16},
-    "walk-bv32": {"WALK_BLOCK_V": 32},
-    "walk-bv64": {"WALK_BLOCK_V": 64},
-    "walk-stages2": {"WALK_STAGES": 2},
-    "walk-stages4": {"WALK_STAGES": 4},
-    "walk-8warps": {"WALK_NUM_WARPS": 8},
-    "walk-bv64-8warps": {"WALK_BLOCK_V": 64, "WALK_NUM_WARPS": 8},
+    "walk-k-first": {"WALK_FORM": "k-first"},
+    "walk-v-first": {"WALK_FORM": "v-first"},
+    "walk-bv16": {"WALK_FORM": "k-first", "WALK_BLOCK_V": 16},
+    "walk-bv32": {"WALK_FORM": "k-first", "WALK_BLOCK_V": 32},
+    "walk-bv64": {"WALK_FORM": "k-first", "WALK_BLOCK_V": 64},
+    "walk-stages2": {"WALK_FORM": "k-first", "WALK_STAGES": 2},
+    "walk-stages4": {"WALK_FORM": "k-first", "WALK_STAGES": 4},
+    "walk-8warps": {"WALK_FORM": "k-first", "WALK_NUM_WARPS": 8},
+    "walk-bv64-8warps": {"WALK_FORM": "k-first", "WALK_BLOCK_V": 64, "WALK_NUM_WARPS": 8},
+    "v-first-stages2": {"WALK_FORM": "v-first", "V_FIRST_STAGES": 2},
 }
 STAGES = ("run_wy", "run_walk")
 

@@ -11,10 +11,11 @@ Two launches, no host sync when vLLM's chunk metadata is given:
      diagonal blocks -- the nsR rounds -- then a Neumann series over the off-diagonal blocks,
      exact after 3 terms because they are strictly block-lower), the WY vectors w and u, the
      causal P = scale q k^T exp(G_i - G_j), and the per-row scales the walk applies.
-  2. `_walk_kernel`, one program per (BV columns of V, sequence, value head): the only
-     sequential walk over chunks, three dots per chunk ([w; q] h as one 128-row product,
-     P v_new, k^T v_new); loads are software-pipelined (`WALK_STAGES`); no chunk state or
-     v_new leaves the program.
+  2. The only sequential walk over chunks, three dots per chunk ([w; q] h as one 128-row
+     product, P v_new, k^T v_new), loads software-pipelined; no chunk state or v_new leaves
+     the program. Two forms (`_walk_form`): `_walk_kernel` holds h [K, BV] and splits V in
+     BV columns, so that one long sequence still fills the GPU; `_walk_v_first_kernel` holds
+     h^T [V, K], whose dots all take it (and v_new) from registers, for many sequences.
 The launch settings below are what the H200 bench picked (kernels/README.md); kernels/bench.py
 times the alternatives. Dots take BF16 operands with FP32 accumulation, as FLA's do, the
 Neumann products included (`NEUMANN_PRECISION`; TF32 is one of the bench's variants).
@@ -29,9 +30,11 @@ import triton.language as tl
 CHUNK = 64
 WY_NUM_WARPS = 4
 NEUMANN_PRECISION = "bf16"
-WALK_BLOCK_V = None  # None: by occupancy (_walk_block_v)
-WALK_NUM_WARPS = 4
-WALK_STAGES = 3
+WALK_FORM = None  # None: by occupancy (_walk_form); "k-first" or "v-first"
+WALK_BLOCK_V = None  # k-first walk's columns of V; None: by occupancy (_walk_block_v)
+WALK_NUM_WARPS = 4  # k-first walk
+WALK_STAGES = 3  # k-first walk
+V_FIRST_STAGES = 3  # v-first walk (all of V per program, 4 warps per 64 columns)
 
 
 @triton.jit
@@ -94,11 +97,13 @@ def _wy_kernel(
     key_scale_ptr, decay_ptr, cu_seqlens_ptr, chunk_indices_ptr, scale, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     NS_ROUNDS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    U_TRANSPOSED: tl.constexpr,
 ):  # fmt: skip
     """Everything of one chunk that does not depend on the state, written chunk-major (one
     contiguous block per chunk and value head, rows past the sequence zero), so that the walk
-    loads whole tiles without masks. Keys are loaded again after the inverse rather than held
-    across it (fewer registers, more programs per SM)."""
+    loads whole tiles without masks; u as [64, V], or as u^T [V, 64] for the v-first walk.
+    Keys are loaded again after the inverse rather than held across it (fewer registers, more
+    programs per SM)."""
     chunk = tl.program_id(0)
     value_head = tl.program_id(1)
     key_head = value_head // (HV // H)
@@ -109,12 +114,12 @@ def _wy_kernel(
     cols_v = tl.arange(0, V)
     qk_offsets = (rows[:, None] * H + key_head) * K + cols_k[None, :]
     keys, key_norm = _load_rows(k_ptr + qk_offsets, valid, USE_L2NORM, eps)
+    queries, query_norm = _load_rows(q_ptr + qk_offsets, valid, USE_L2NORM, eps)
     g = tl.load(g_ptr + rows * HV + value_head, mask=valid, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + rows * HV + value_head, mask=valid, other=0.0).to(tl.float32)
     cum_decay = tl.cumsum(g, axis=0)
     last_decay = tl.sum(g, axis=0)  # rows past the sequence add 0
     gate = tl.exp(cum_decay[:, None] - cum_decay[None, :])
-    queries, query_norm = _load_rows(q_ptr + qk_offsets, valid, USE_L2NORM, eps)
     scores = tl.dot(queries, tl.trans(keys)) * (gate * scale)
     causal = tl.where(r[:, None] >= r[None, :], scores, 0.0).to(tl.bfloat16)
     tl.store(causal_ptr + tile * 64 * 64 + r[:, None] * 64 + r[None, :], causal)
@@ -131,7 +136,10 @@ def _wy_kernel(
     values = tl.load(v_ptr + (rows[:, None] * HV + value_head) * V + cols_v[None, :],
                      mask=valid[:, None], other=0.0)  # fmt: skip
     u = tl.dot(inverse, (values.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
-    tl.store(u_ptr + tile * 64 * V + r[:, None] * V + cols_v[None, :], u.to(tl.bfloat16))
+    if U_TRANSPOSED:
+        tl.store(u_ptr + tile * 64 * V + cols_v[None, :] * 64 + r[:, None], u.to(tl.bfloat16))
+    else:
+        tl.store(u_ptr + tile * 64 * V + r[:, None] * V + cols_v[None, :], u.to(tl.bfloat16))
 
 
 @triton.jit
@@ -209,6 +217,71 @@ def _walk_kernel(
         tl.store(final_state_ptr + state_offsets, state)
 
 
+@triton.jit
+def _walk_v_first_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, causal_ptr, out_scale_ptr, key_scale_ptr, decay_ptr,
+    initial_state_ptr, final_state_ptr, o_ptr, cu_seqlens_ptr, chunk_offsets_ptr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """The walk with the state transposed, S = h^T [BV, K] (V-first, as vLLM keeps it); per chunk:
+        [S w^T, S q^T] = S [w; q]^T            one dot, w and q stacked into 128 rows
+        v_new^T = u^T - S w^T
+        o^T = (S q^T) out_scale + v_new^T P^T  out_scale = scale exp(G) (/ |q|)
+        S <- decay S + (v_new^T key_scale) k    key_scale = exp(G_last - G) (/ |k|)
+    The state and v_new, computed in registers, are every dot's left operand, which Hopper's
+    wgmma reads from registers: only loaded tiles go through shared memory. wgmma needs 64 rows
+    per warpgroup, so BV is 64 or 128 here: the form for many sequences (one per value head
+    and sequence fills the GPU), where it shares each loaded tile among all columns of V."""
+    v_block = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    value_head = tl.program_id(2)
+    key_head = value_head // (HV // H)
+    bos = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
+    eos = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
+    first_chunk = tl.load(chunk_offsets_ptr + seq).to(tl.int64)
+    r = tl.arange(0, 64)
+    stacked = tl.arange(0, 128)  # rows of [w; q]
+    is_w = stacked < 64
+    cols_k = tl.arange(0, K)
+    cols_v = v_block * BV + tl.arange(0, BV)
+    state_offsets = (seq * HV + value_head) * V * K + cols_v[:, None] * K + cols_k[None, :]
+    state = tl.zeros([BV, K], dtype=tl.float32)
+    if HAS_INITIAL_STATE:
+        state = tl.load(initial_state_ptr + state_offsets).to(tl.float32)
+
+    for chunk in tl.range(0, tl.cdiv(eos - bos, 64), num_stages=STAGES):
+        start = bos + chunk * 64
+        tile = (first_chunk + chunk) * HV + value_head
+        rows = start + r
+        valid = rows < eos
+        q_rows = start + stacked - 64
+        stacked_rows = tl.where(
+            is_w, w_ptr + (tile * 64 + stacked) * K, q_ptr + (q_rows * H + key_head) * K
+        )
+        w_and_q = tl.load(stacked_rows[:, None] + cols_k[None, :],
+                          mask=(is_w | (q_rows < eos))[:, None], other=0.0)  # fmt: skip
+        keys = tl.load(k_ptr + (rows[:, None] * H + key_head) * K + cols_k[None, :],
+                       mask=valid[:, None], other=0.0)  # fmt: skip
+        u = tl.load(u_ptr + (tile * V + cols_v[:, None]) * 64 + r[None, :])  # u^T
+        causal = tl.load(causal_ptr + tile * 64 * 64 + r[:, None] * 64 + r[None, :])
+        out_scale = tl.load(out_scale_ptr + tile * 64 + r)
+        key_scale = tl.load(key_scale_ptr + tile * 64 + r)
+        decay = tl.load(decay_ptr + tile)
+        stacked_product = tl.dot(state.to(tl.bfloat16), tl.trans(w_and_q))
+        halves = tl.permute(tl.reshape(stacked_product, (BV, 2, 64)), (0, 2, 1))
+        w_state, q_state = tl.split(halves)
+        v_new = u.to(tl.float32) - w_state
+        out = q_state * out_scale[None, :] + tl.dot(v_new.to(tl.bfloat16), tl.trans(causal))
+        tl.store(o_ptr + (rows[None, :] * HV + value_head) * V + cols_v[:, None],
+                 out.to(o_ptr.dtype.element_ty), mask=valid[None, :])  # fmt: skip
+        v_to_end = (v_new * key_scale[None, :]).to(tl.bfloat16)
+        state = state * decay + tl.dot(v_to_end, keys)
+
+    if STORE_FINAL_STATE:
+        tl.store(final_state_ptr + state_offsets, state)
+
+
 def prepare_chunk_indices(cu_seqlens: torch.Tensor) -> torch.Tensor:
     """[num_chunks, 2] (sequence, chunk within sequence), FLA's layout; syncs with the host."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
@@ -274,7 +347,9 @@ class Launch:
         device = q.device
         tiles = (self.num_chunks, num_value_heads)  # chunk-major: one block per chunk and head
         self.w = torch.empty(*tiles, CHUNK, head_k_dim, device=device, dtype=torch.bfloat16)
-        self.u = torch.empty(*tiles, CHUNK, head_v_dim, device=device, dtype=torch.bfloat16)
+        self.walk_form = WALK_FORM or _walk_form(cu_seqlens.numel() - 1, num_value_heads, device)
+        u_tile = (head_v_dim, CHUNK) if self.walk_form == "v-first" else (CHUNK, head_v_dim)
+        self.u = torch.empty(*tiles, *u_tile, device=device, dtype=torch.bfloat16)
         self.causal = torch.empty(*tiles, CHUNK, CHUNK, device=device, dtype=torch.bfloat16)
         self.out_scale = torch.empty(*tiles, CHUNK, device=device)
         self.key_scale = torch.empty(*tiles, CHUNK, device=device)
@@ -299,23 +374,28 @@ class Launch:
             self.q, self.k, self.v, self.g, self.beta, self.w, self.u, self.causal,
             self.out_scale, self.key_scale, self.decay, self.cu_seqlens, self.chunk_indices,
             self.scale, self.eps, **self.shapes, NS_ROUNDS=self.ns_rounds,
-            USE_L2NORM=self.use_l2norm, PRECISION=NEUMANN_PRECISION, num_warps=WY_NUM_WARPS,
+            USE_L2NORM=self.use_l2norm, PRECISION=NEUMANN_PRECISION,
+            U_TRANSPOSED=self.walk_form == "v-first", num_warps=WY_NUM_WARPS,
         )  # fmt: skip
 
     def run_walk(self) -> None:
         head_v_dim = self.shapes["V"]
-        block_v = WALK_BLOCK_V or _walk_block_v(
-            self.num_seqs * self.shapes["HV"], head_v_dim, self.q.device
-        )
+        if self.walk_form == "v-first":
+            kernel, block_v = _walk_v_first_kernel, head_v_dim
+            stages, warps = V_FIRST_STAGES, 4 * head_v_dim // 64
+        else:
+            kernel, stages, warps = _walk_kernel, WALK_STAGES, WALK_NUM_WARPS
+            block_v = WALK_BLOCK_V or _walk_block_v(
+                self.num_seqs * self.shapes["HV"], head_v_dim, self.q.device
+            )
         placeholder = self.decay  # never read or written when its flag is off
-        _walk_kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
+        kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
             self.q, self.k, self.w, self.u, self.causal, self.out_scale, self.key_scale,
             self.decay, placeholder if self.initial_state is None else self.initial_state,
             placeholder if self.final_state is None else self.final_state,
             self.o, self.cu_seqlens, self.chunk_offsets, **self.shapes, BV=block_v,
             HAS_INITIAL_STATE=self.initial_state is not None,
-            STORE_FINAL_STATE=self.final_state is not None, STAGES=WALK_STAGES,
-            num_warps=WALK_NUM_WARPS,
+            STORE_FINAL_STATE=self.final_state is not None, STAGES=stages, num_warps=warps,
         )  # fmt: skip
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -330,6 +410,16 @@ def chunk_gated_delta_rule(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor 
     launch.run_wy()
     launch.run_walk()
     return launch.result()
+
+
+def _walk_form(num_seqs: int, num_value_heads: int, device: torch.device) -> str:
+    """ "v-first" when one program per sequence and value head fills the SMs (many sequences:
+    on the H200 bench 64 x 128 tokens walked in 196 us against 237), else "k-first" (one long
+    sequence: the V split keeps every SM busy; 167 against 177 us at 8K). k-first on CPU."""
+    if device.type != "cuda":
+        return "k-first"
+    sms = _multiprocessors(device.index if device.index is not None else 0)
+    return "v-first" if num_seqs * num_value_heads >= sms else "k-first"
 
 
 def _walk_block_v(programs_per_block: int, head_v_dim: int, device: torch.device) -> int:

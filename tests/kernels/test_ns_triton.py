@@ -35,11 +35,15 @@ def test_ns4_matches_recurrence_on_varlen_batches(num_seqs, state_dtype):
     assert within_bounds(error, RANDOM_BOUNDS, judge_state=True), error
 
 
-@pytest.mark.parametrize("block_v", [16, 32, 64, None])
-def test_walk_matches_recurrence_at_every_column_block(block_v, monkeypatch):
+@pytest.mark.parametrize(
+    ("form", "block_v"),
+    [("k-first", 16), ("k-first", 32), ("k-first", 64), ("k-first", None), ("v-first", None)],
+)
+def test_walk_matches_recurrence_at_every_column_block(form, block_v, monkeypatch):
     """Long and short sequences in one batch, slow decay so that the state carries far."""
     from kernels import ns_triton
 
+    monkeypatch.setattr(ns_triton, "WALK_FORM", form)
     monkeypatch.setattr(ns_triton, "WALK_BLOCK_V", block_v)
     lengths = [1000, 1, 300, 2000, 64]
     inputs = random_inputs(

@@ -1,7 +1,8 @@
-"""The Triton nsR on CPU through Triton's interpreter (small shapes, K=V=64 and 128, walk
-programs of 16 to 64 columns of V, varlen with a one-token and an empty sequence) against the
-float64 recurrence and the PyTorch nsR, and the ns3/ns4 control. The cases run in one child
-process: TRITON_INTERPRET must be set before the kernels are defined."""
+"""The Triton nsR on CPU through Triton's interpreter (small shapes, K=V=64 and 128, both walks:
+k-first with programs of 16 to 64 columns of V and v-first, varlen with a one-token and an
+empty sequence) against the float64 recurrence and the PyTorch nsR, and the ns3/ns4 control.
+The cases run in one child process: TRITON_INTERPRET must be set before the kernels are
+defined."""
 
 import json
 import subprocess

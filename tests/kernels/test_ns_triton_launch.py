@@ -1,5 +1,5 @@
-"""The Triton nsR's launch rule, decided on the host (no GPU needed): how many columns of V a
-walk program takes."""
+"""The Triton nsR's launch rules, decided on the host (no GPU needed): which walk runs and how
+many columns of V a k-first walk program takes."""
 
 import pytest
 import torch
@@ -27,3 +27,18 @@ def test_walk_columns_follow_occupancy(h200, num_seqs, head_v_dim, block_v):
 def test_walk_columns_on_cpu_are_64_at_most():
     assert ns_triton._walk_block_v(1, 128, torch.device("cpu")) == 64
     assert ns_triton._walk_block_v(1, 64, torch.device("cpu")) == 64
+
+
+@pytest.mark.parametrize(
+    ("num_seqs", "num_value_heads", "form"),
+    [(1, 32, "k-first"), (4, 32, "k-first"), (5, 32, "v-first"), (64, 32, "v-first"),
+     (132, 1, "v-first"), (131, 1, "k-first")],
+)  # fmt: skip
+def test_v_first_walk_once_one_program_per_sequence_and_head_fills_the_sms(
+    h200, num_seqs, num_value_heads, form
+):
+    assert ns_triton._walk_form(num_seqs, num_value_heads, CUDA) == form
+
+
+def test_k_first_walk_on_cpu():
+    assert ns_triton._walk_form(64, 32, torch.device("cpu")) == "k-first"

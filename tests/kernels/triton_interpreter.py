@@ -55,9 +55,13 @@ def patch_bf16_dot() -> None:
     builder.create_dot = create_dot
 
 
-# (label, lengths or "correlated", NS rounds, head dim, walk columns per program)
+# (label, lengths or "correlated", NS rounds, head dim, the k-first walk's columns of V per
+# program or "v-first")
 CASES = [
     ("varlen-k128", [1, 63, 64, 65, 200], 4, 128, 32),
+    ("varlen-k128-v-first", [1, 63, 64, 65, 200], 4, 128, "v-first"),
+    ("long-v-first", [700, 130, 5], 4, 64, "v-first"),
+    ("empty-sequence-v-first", [130, 0, 70], 4, 64, "v-first"),
     ("one-token", [1], 4, 64, 64),
     ("long-bv16", [700, 130, 5], 4, 64, 16),
     ("long-bv64", [700, 130, 5], 4, 64, 64),
@@ -86,8 +90,9 @@ def main() -> None:
     from kernels.runners import run_fla_contract
 
     results = {}
-    for label, lengths, rounds, head_dim, block_v in CASES:
-        ns_triton.WALK_BLOCK_V = block_v
+    for label, lengths, rounds, head_dim, walk in CASES:
+        ns_triton.WALK_FORM = "v-first" if walk == "v-first" else "k-first"
+        ns_triton.WALK_BLOCK_V = None if walk == "v-first" else walk
         shape = Shape(heads=1, value_heads=2, head_dim=head_dim)
         if lengths == "correlated":
             inputs = correlated_key_inputs(shape)
