@@ -13,9 +13,9 @@ Two launches, no host sync when vLLM's chunk metadata is given:
      causal P = scale q k^T exp(G_i - G_j), and the per-row scales the walk applies.
   2. The only sequential walk over chunks, three dots per chunk ([w; q] h as one 128-row
      product, P v_new, k^T v_new), loads software-pipelined; no chunk state or v_new leaves
-     the program. Two forms (`_walk_form`): `_walk_kernel` holds h [K, BV] and splits V in
-     BV columns, so that one long sequence still fills the GPU; `_walk_v_first_kernel` holds
-     h^T [V, K], whose dots all take it (and v_new) from registers, for many sequences.
+     the program. Two forms (`_walk_form`): k-first holds h [K, BV] and splits V in BV
+     columns, so that one long sequence still fills the GPU; v-first holds h^T [V, K], whose
+     dots all take it (and v_new) from registers, for many sequences.
 The launch settings below are what the H200 bench picked (kernels/README.md); kernels/bench.py
 times the alternatives. Dots take BF16 operands with FP32 accumulation, as FLA's do, the
 Neumann products included (`NEUMANN_PRECISION`; TF32 is one of the bench's variants).
@@ -161,125 +161,123 @@ def _walk_kernel(
     initial_state_ptr, final_state_ptr, o_ptr, cu_seqlens_ptr, chunk_offsets_ptr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STAGES: tl.constexpr,
+    V_FIRST: tl.constexpr,
 ):  # fmt: skip
-    """Per chunk, with h [K, BV] the FP32 state at its start:
-        [w h; q h] = [w; q] h                 one dot, w and q stacked into 128 rows
-        v_new = u - w h
-        o = out_scale (q h) + P v_new         out_scale = scale exp(G) (/ |q|)
-        h <- decay h + k^T (key_scale v_new)  key_scale = exp(G_last - G) (/ |k|)
-    Three dots, the fewest waits Triton's wgmma lowering allows here (it waits after each)."""
-    v_block = tl.program_id(0)
+    """The sequential walk over one sequence's chunks for BV columns of V of one value head,
+    the FP32 state in registers: h [K, BV] (`_k_first_chunk`) or, with V_FIRST, h^T [BV, K]
+    (`_v_first_chunk`, BV 64 or 128)."""
     seq = tl.program_id(1).to(tl.int64)
     value_head = tl.program_id(2)
-    key_head = value_head // (HV // H)
     bos = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
     eos = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
     first_chunk = tl.load(chunk_offsets_ptr + seq).to(tl.int64)
-    r = tl.arange(0, 64)
-    stacked = tl.arange(0, 128)  # rows of [w; q]
-    is_w = stacked < 64
     cols_k = tl.arange(0, K)
-    cols_v = v_block * BV + tl.arange(0, BV)
-    state_offsets = (seq * HV + value_head) * V * K + cols_v[None, :] * K + cols_k[:, None]
-    state = tl.zeros([K, BV], dtype=tl.float32)
+    cols_v = tl.program_id(0) * BV + tl.arange(0, BV)
+    state_offsets = (seq * HV + value_head) * V * K
+    if V_FIRST:
+        state_offsets += cols_v[:, None] * K + cols_k[None, :]
+    else:
+        state_offsets += cols_v[None, :] * K + cols_k[:, None]
+    state = tl.zeros(state_offsets.shape, dtype=tl.float32)
     if HAS_INITIAL_STATE:
         state = tl.load(initial_state_ptr + state_offsets).to(tl.float32)
 
     for chunk in tl.range(0, tl.cdiv(eos - bos, 64), num_stages=STAGES):
-        start = bos + chunk * 64
         tile = (first_chunk + chunk) * HV + value_head
-        rows = start + r
-        valid = rows < eos
-        q_rows = start + stacked - 64
-        stacked_rows = tl.where(
-            is_w, w_ptr + (tile * 64 + stacked) * K, q_ptr + (q_rows * H + key_head) * K
-        )
-        w_and_q = tl.load(stacked_rows[:, None] + cols_k[None, :],
-                          mask=(is_w | (q_rows < eos))[:, None], other=0.0)  # fmt: skip
-        keys = tl.load(k_ptr + (rows[:, None] * H + key_head) * K + cols_k[None, :],
-                       mask=valid[:, None], other=0.0)  # fmt: skip
-        u = tl.load(u_ptr + (tile * 64 + r[:, None]) * V + cols_v[None, :])
-        causal = tl.load(causal_ptr + tile * 64 * 64 + r[:, None] * 64 + r[None, :])
-        out_scale = tl.load(out_scale_ptr + tile * 64 + r)
-        key_scale = tl.load(key_scale_ptr + tile * 64 + r)
-        decay = tl.load(decay_ptr + tile)
-        stacked_product = tl.dot(w_and_q, state.to(tl.bfloat16))
-        halves = tl.permute(tl.reshape(stacked_product, (2, 64, BV)), (1, 2, 0))
-        w_state, q_state = tl.split(halves)
-        v_new = u.to(tl.float32) - w_state
-        out = q_state * out_scale[:, None] + tl.dot(causal, v_new.to(tl.bfloat16))
-        tl.store(o_ptr + (rows[:, None] * HV + value_head) * V + cols_v[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=valid[:, None])  # fmt: skip
-        v_to_end = (v_new * key_scale[:, None]).to(tl.bfloat16)
-        state = state * decay + tl.dot(tl.trans(keys), v_to_end)
+        rows, w_and_q, keys, causal, out_scale, key_scale, decay = _chunk_tiles(
+            q_ptr, k_ptr, w_ptr, causal_ptr, out_scale_ptr, key_scale_ptr, decay_ptr,
+            bos + chunk * 64, eos, tile, value_head // (HV // H), H, K,
+        )  # fmt: skip
+        o_rows = o_ptr + (rows * HV + value_head) * V
+        if V_FIRST:
+            u = tl.load(u_ptr + (tile * V + cols_v[:, None]) * 64 + tl.arange(0, 64)[None, :])
+            state = _v_first_chunk(state, w_and_q, keys, u, causal, out_scale, key_scale, decay,
+                                   o_rows, rows < eos, cols_v)  # fmt: skip
+        else:
+            u = tl.load(u_ptr + (tile * 64 + tl.arange(0, 64)[:, None]) * V + cols_v[None, :])
+            state = _k_first_chunk(state, w_and_q, keys, u, causal, out_scale, key_scale, decay,
+                                   o_rows, rows < eos, cols_v)  # fmt: skip
 
     if STORE_FINAL_STATE:
         tl.store(final_state_ptr + state_offsets, state)
 
 
 @triton.jit
-def _walk_v_first_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, causal_ptr, out_scale_ptr, key_scale_ptr, decay_ptr,
-    initial_state_ptr, final_state_ptr, o_ptr, cu_seqlens_ptr, chunk_offsets_ptr,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STAGES: tl.constexpr,
+def _k_first_chunk(
+    state, w_and_q, keys, u, causal, out_scale, key_scale, decay, o_rows, valid, cols_v
 ):  # fmt: skip
-    """The walk with the state transposed, S = h^T [BV, K] (V-first, as vLLM keeps it); per chunk:
+    """One chunk with h [K, BV] the FP32 state at its start; returns the state after it:
+        [w h; q h] = [w; q] h                 one dot, w and q stacked into 128 rows
+        v_new = u - w h
+        o = out_scale (q h) + P v_new         out_scale = scale exp(G) (/ |q|)
+        h <- decay h + k^T (key_scale v_new)  key_scale = exp(G_last - G) (/ |k|)
+    Three dots, the fewest waits Triton's wgmma lowering allows here (it waits after each).
+    wgmma reads its right operand from shared memory only: h, v_new and key_scale v_new are
+    staged there. Splitting V in 32 or 64 columns keeps every SM busy on one long sequence."""
+    BV: tl.constexpr = state.shape[1]
+    stacked_product = tl.dot(w_and_q, state.to(tl.bfloat16))
+    halves = tl.permute(tl.reshape(stacked_product, (2, 64, BV)), (1, 2, 0))
+    w_state, q_state = tl.split(halves)
+    v_new = u.to(tl.float32) - w_state
+    out = q_state * out_scale[:, None] + tl.dot(causal, v_new.to(tl.bfloat16))
+    tl.store(o_rows[:, None] + cols_v[None, :], out.to(o_rows.dtype.element_ty),
+             mask=valid[:, None])  # fmt: skip
+    v_to_end = (v_new * key_scale[:, None]).to(tl.bfloat16)
+    return state * decay + tl.dot(tl.trans(keys), v_to_end)
+
+
+@triton.jit
+def _v_first_chunk(
+    state, w_and_q, keys, u, causal, out_scale, key_scale, decay, o_rows, valid, cols_v
+):  # fmt: skip
+    """One chunk with S = h^T [BV, K] the FP32 state at its start (V-first, as vLLM keeps it)
+    and u^T [BV, 64]; returns the state after it:
         [S w^T, S q^T] = S [w; q]^T            one dot, w and q stacked into 128 rows
         v_new^T = u^T - S w^T
         o^T = (S q^T) out_scale + v_new^T P^T  out_scale = scale exp(G) (/ |q|)
         S <- decay S + (v_new^T key_scale) k    key_scale = exp(G_last - G) (/ |k|)
-    The state and v_new, computed in registers, are every dot's left operand, which Hopper's
-    wgmma reads from registers: only loaded tiles go through shared memory. wgmma needs 64 rows
-    per warpgroup, so BV is 64 or 128 here: the form for many sequences (one per value head
-    and sequence fills the GPU), where it shares each loaded tile among all columns of V."""
-    v_block = tl.program_id(0)
-    seq = tl.program_id(1).to(tl.int64)
-    value_head = tl.program_id(2)
-    key_head = value_head // (HV // H)
-    bos = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
-    eos = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int64)
-    first_chunk = tl.load(chunk_offsets_ptr + seq).to(tl.int64)
+    The state and v_new, computed in registers, are every dot's left operand, which wgmma reads
+    from registers: only loaded tiles go through shared memory. wgmma needs 64 rows per
+    warpgroup, so BV is 64 or 128: the form for many sequences, where one program per sequence
+    and value head fills the GPU and each loaded tile serves all of V."""
+    BV: tl.constexpr = state.shape[0]
+    stacked_product = tl.dot(state.to(tl.bfloat16), tl.trans(w_and_q))
+    halves = tl.permute(tl.reshape(stacked_product, (BV, 2, 64)), (0, 2, 1))
+    w_state, q_state = tl.split(halves)
+    v_new = u.to(tl.float32) - w_state
+    out = q_state * out_scale[None, :] + tl.dot(v_new.to(tl.bfloat16), tl.trans(causal))
+    tl.store(o_rows[None, :] + cols_v[:, None], out.to(o_rows.dtype.element_ty),
+             mask=valid[None, :])  # fmt: skip
+    v_to_end = (v_new * key_scale[None, :]).to(tl.bfloat16)
+    return state * decay + tl.dot(v_to_end, keys)
+
+
+@triton.jit
+def _chunk_tiles(
+    q_ptr, k_ptr, w_ptr, causal_ptr, out_scale_ptr, key_scale_ptr, decay_ptr, start, eos, tile,
+    key_head, H: tl.constexpr, K: tl.constexpr,
+):  # fmt: skip
+    """The chunk's token rows and what both walks load for it besides u: [w; q] (stacked into
+    128 rows by the load's row pointers), k, P, the row scales and the decay; rows past the
+    sequence are zero."""
     r = tl.arange(0, 64)
-    stacked = tl.arange(0, 128)  # rows of [w; q]
+    stacked = tl.arange(0, 128)
     is_w = stacked < 64
     cols_k = tl.arange(0, K)
-    cols_v = v_block * BV + tl.arange(0, BV)
-    state_offsets = (seq * HV + value_head) * V * K + cols_v[:, None] * K + cols_k[None, :]
-    state = tl.zeros([BV, K], dtype=tl.float32)
-    if HAS_INITIAL_STATE:
-        state = tl.load(initial_state_ptr + state_offsets).to(tl.float32)
-
-    for chunk in tl.range(0, tl.cdiv(eos - bos, 64), num_stages=STAGES):
-        start = bos + chunk * 64
-        tile = (first_chunk + chunk) * HV + value_head
-        rows = start + r
-        valid = rows < eos
-        q_rows = start + stacked - 64
-        stacked_rows = tl.where(
-            is_w, w_ptr + (tile * 64 + stacked) * K, q_ptr + (q_rows * H + key_head) * K
-        )
-        w_and_q = tl.load(stacked_rows[:, None] + cols_k[None, :],
-                          mask=(is_w | (q_rows < eos))[:, None], other=0.0)  # fmt: skip
-        keys = tl.load(k_ptr + (rows[:, None] * H + key_head) * K + cols_k[None, :],
-                       mask=valid[:, None], other=0.0)  # fmt: skip
-        u = tl.load(u_ptr + (tile * V + cols_v[:, None]) * 64 + r[None, :])  # u^T
-        causal = tl.load(causal_ptr + tile * 64 * 64 + r[:, None] * 64 + r[None, :])
-        out_scale = tl.load(out_scale_ptr + tile * 64 + r)
-        key_scale = tl.load(key_scale_ptr + tile * 64 + r)
-        decay = tl.load(decay_ptr + tile)
-        stacked_product = tl.dot(state.to(tl.bfloat16), tl.trans(w_and_q))
-        halves = tl.permute(tl.reshape(stacked_product, (BV, 2, 64)), (0, 2, 1))
-        w_state, q_state = tl.split(halves)
-        v_new = u.to(tl.float32) - w_state
-        out = q_state * out_scale[None, :] + tl.dot(v_new.to(tl.bfloat16), tl.trans(causal))
-        tl.store(o_ptr + (rows[None, :] * HV + value_head) * V + cols_v[:, None],
-                 out.to(o_ptr.dtype.element_ty), mask=valid[None, :])  # fmt: skip
-        v_to_end = (v_new * key_scale[None, :]).to(tl.bfloat16)
-        state = state * decay + tl.dot(v_to_end, keys)
-
-    if STORE_FINAL_STATE:
-        tl.store(final_state_ptr + state_offsets, state)
+    rows = start + r
+    q_rows = start + stacked - 64
+    stacked_rows = tl.where(
+        is_w, w_ptr + (tile * 64 + stacked) * K, q_ptr + (q_rows * H + key_head) * K
+    )
+    w_and_q = tl.load(stacked_rows[:, None] + cols_k[None, :],
+                      mask=(is_w | (q_rows < eos))[:, None], other=0.0)  # fmt: skip
+    keys = tl.load(k_ptr + (rows[:, None] * H + key_head) * K + cols_k[None, :],
+                   mask=(rows < eos)[:, None], other=0.0)  # fmt: skip
+    causal = tl.load(causal_ptr + tile * 64 * 64 + r[:, None] * 64 + r[None, :])
+    out_scale = tl.load(out_scale_ptr + tile * 64 + r)
+    key_scale = tl.load(key_scale_ptr + tile * 64 + r)
+    decay = tl.load(decay_ptr + tile)
+    return rows, w_and_q, keys, causal, out_scale, key_scale, decay
 
 
 def prepare_chunk_indices(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -380,22 +378,23 @@ class Launch:
 
     def run_walk(self) -> None:
         head_v_dim = self.shapes["V"]
-        if self.walk_form == "v-first":
-            kernel, block_v = _walk_v_first_kernel, head_v_dim
-            stages, warps = V_FIRST_STAGES, 4 * head_v_dim // 64
+        v_first = self.walk_form == "v-first"
+        if v_first:
+            block_v, stages, warps = head_v_dim, V_FIRST_STAGES, 4 * head_v_dim // 64
         else:
-            kernel, stages, warps = _walk_kernel, WALK_STAGES, WALK_NUM_WARPS
+            stages, warps = WALK_STAGES, WALK_NUM_WARPS
             block_v = WALK_BLOCK_V or _walk_block_v(
                 self.num_seqs * self.shapes["HV"], head_v_dim, self.q.device
             )
         placeholder = self.decay  # never read or written when its flag is off
-        kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
+        _walk_kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
             self.q, self.k, self.w, self.u, self.causal, self.out_scale, self.key_scale,
             self.decay, placeholder if self.initial_state is None else self.initial_state,
             placeholder if self.final_state is None else self.final_state,
             self.o, self.cu_seqlens, self.chunk_offsets, **self.shapes, BV=block_v,
             HAS_INITIAL_STATE=self.initial_state is not None,
-            STORE_FINAL_STATE=self.final_state is not None, STAGES=stages, num_warps=warps,
+            STORE_FINAL_STATE=self.final_state is not None, STAGES=stages, V_FIRST=v_first,
+            num_warps=warps,
         )  # fmt: skip
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
