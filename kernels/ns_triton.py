@@ -345,7 +345,9 @@ class Launch:
         device = q.device
         tiles = (self.num_chunks, num_value_heads)  # chunk-major: one block per chunk and head
         self.w = torch.empty(*tiles, CHUNK, head_k_dim, device=device, dtype=torch.bfloat16)
-        self.walk_form = WALK_FORM or _walk_form(cu_seqlens.numel() - 1, num_value_heads, device)
+        self.walk_form = WALK_FORM or _walk_form(self.num_seqs, num_value_heads, device)
+        if self.walk_form not in ("k-first", "v-first"):
+            raise ValueError(f"WALK_FORM must be k-first or v-first, not {self.walk_form!r}")
         u_tile = (head_v_dim, CHUNK) if self.walk_form == "v-first" else (CHUNK, head_v_dim)
         self.u = torch.empty(*tiles, *u_tile, device=device, dtype=torch.bfloat16)
         self.causal = torch.empty(*tiles, CHUNK, CHUNK, device=device, dtype=torch.bfloat16)

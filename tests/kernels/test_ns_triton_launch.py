@@ -42,3 +42,10 @@ def test_v_first_walk_once_one_program_per_sequence_and_head_fills_the_sms(
 
 def test_k_first_walk_on_cpu():
     assert ns_triton._walk_form(64, 32, torch.device("cpu")) == "k-first"
+
+
+def test_an_unknown_walk_form_is_refused(monkeypatch):
+    monkeypatch.setattr(ns_triton, "WALK_FORM", "diagonal")
+    x = torch.zeros(1, 64, 1, 64)
+    with pytest.raises(ValueError, match="k-first or v-first, not 'diagonal'"):
+        ns_triton.Launch(x, x, x, torch.zeros(1, 64, 1), torch.zeros(1, 64, 1))
