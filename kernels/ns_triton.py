@@ -345,10 +345,11 @@ class Launch:
         device = q.device
         tiles = (self.num_chunks, num_value_heads)  # chunk-major: one block per chunk and head
         self.w = torch.empty(*tiles, CHUNK, head_k_dim, device=device, dtype=torch.bfloat16)
-        self.walk_form = WALK_FORM or _walk_form(self.num_seqs, num_value_heads, device)
-        if self.walk_form not in ("k-first", "v-first"):
-            raise ValueError(f"WALK_FORM must be k-first or v-first, not {self.walk_form!r}")
-        u_tile = (head_v_dim, CHUNK) if self.walk_form == "v-first" else (CHUNK, head_v_dim)
+        walk_form = WALK_FORM or _walk_form(self.num_seqs, num_value_heads, device)
+        if walk_form not in ("k-first", "v-first"):
+            raise ValueError(f"WALK_FORM must be k-first or v-first, not {walk_form!r}")
+        self.v_first = walk_form == "v-first"
+        u_tile = (head_v_dim, CHUNK) if self.v_first else (CHUNK, head_v_dim)
         self.u = torch.empty(*tiles, *u_tile, device=device, dtype=torch.bfloat16)
         self.causal = torch.empty(*tiles, CHUNK, CHUNK, device=device, dtype=torch.bfloat16)
         self.out_scale = torch.empty(*tiles, CHUNK, device=device)
@@ -375,13 +376,12 @@ class Launch:
             self.out_scale, self.key_scale, self.decay, self.cu_seqlens, self.chunk_indices,
             self.scale, self.eps, **self.shapes, NS_ROUNDS=self.ns_rounds,
             USE_L2NORM=self.use_l2norm, PRECISION=NEUMANN_PRECISION,
-            U_TRANSPOSED=self.walk_form == "v-first", num_warps=WY_NUM_WARPS,
+            U_TRANSPOSED=self.v_first, num_warps=WY_NUM_WARPS,
         )  # fmt: skip
 
     def run_walk(self) -> None:
         head_v_dim = self.shapes["V"]
-        v_first = self.walk_form == "v-first"
-        if v_first:
+        if self.v_first:
             block_v, stages, warps = head_v_dim, V_FIRST_STAGES, 4 * head_v_dim // 64
         else:
             stages, warps = WALK_STAGES, WALK_NUM_WARPS
@@ -395,7 +395,7 @@ class Launch:
             placeholder if self.final_state is None else self.final_state,
             self.o, self.cu_seqlens, self.chunk_offsets, **self.shapes, BV=block_v,
             HAS_INITIAL_STATE=self.initial_state is not None,
-            STORE_FINAL_STATE=self.final_state is not None, STAGES=stages, V_FIRST=v_first,
+            STORE_FINAL_STATE=self.final_state is not None, STAGES=stages, V_FIRST=self.v_first,
             num_warps=warps,
         )  # fmt: skip
 
@@ -420,8 +420,7 @@ def _walk_form(num_seqs: int, num_value_heads: int, device: torch.device) -> str
     against 278; one sequence of 8K 420 against 302."""
     if device.type != "cuda":
         return "k-first"
-    sms = _multiprocessors(device.index if device.index is not None else 0)
-    return "v-first" if num_seqs * num_value_heads >= sms else "k-first"
+    return "v-first" if num_seqs * num_value_heads >= _multiprocessors(device) else "k-first"
 
 
 def _walk_block_v(programs_per_block: int, head_v_dim: int, device: torch.device) -> int:
@@ -429,11 +428,11 @@ def _walk_block_v(programs_per_block: int, head_v_dim: int, device: torch.device
     long sequence), else 64 (fewer re-reads of w, q, k and P). Picked on the H200 bench."""
     if device.type != "cuda":
         return min(64, head_v_dim)
-    sms = _multiprocessors(device.index if device.index is not None else 0)
     wide_programs = programs_per_block * max(1, head_v_dim // 64)
-    return 32 if wide_programs < sms else min(64, head_v_dim)
+    return 32 if wide_programs < _multiprocessors(device) else min(64, head_v_dim)
 
 
 @functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _multiprocessors(device: torch.device) -> int:
+    index = device.index if device.index is not None else 0
+    return torch.cuda.get_device_properties(index).multi_processor_count

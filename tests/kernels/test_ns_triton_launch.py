@@ -12,7 +12,7 @@ CUDA = torch.device("cuda", 0)  # only its type and index are read
 
 @pytest.fixture
 def h200(monkeypatch):
-    monkeypatch.setattr(ns_triton, "_multiprocessors", lambda index: H200_SMS)
+    monkeypatch.setattr(ns_triton, "_multiprocessors", lambda device: H200_SMS)
 
 
 @pytest.mark.parametrize(
