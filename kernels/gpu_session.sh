@@ -32,7 +32,8 @@ if [ -d /tmp/vllm-site ]; then export PYTHONPATH="$PYTHONPATH:/tmp/vllm-site"; f
 # pydantic (the test suite's conftest imports rig): from carried wheels (.whl/pydantic*.whl and
 # what it needs) or the carried dependency bundle, after the image's own packages on the path.
 if ! "$PY" -c "import pydantic" 2>/dev/null; then
-    if ls .whl/pydantic-*.whl >/dev/null 2>&1; then
+    if ls .whl/pydantic-*.whl .whl/pydantic_core-*.whl .whl/annotated_types-*.whl \
+        .whl/typing_inspection-*.whl >/dev/null 2>&1; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE-deps" \
             .whl/pydantic*.whl .whl/annotated_types*.whl .whl/typing_inspection*.whl
     elif [ -f .whl/deps-site-py312.tar.xz ]; then
