@@ -11,7 +11,9 @@ pandas' or matplotlib's C code can be swallowed there, an exit cannot.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import NoReturn
 
@@ -28,6 +30,28 @@ def interrupts_raise() -> None:
     for signum in INTERRUPTS:
         if signum != signal.SIGINT:
             signal.signal(signum, raise_interrupt)
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Interrupts that arrive inside the block are delivered when it ends, to the handlers from
+    before it. For what must not be cut in two: a KeyboardInterrupt inside subprocess.Popen,
+    after its fork, leaves a child running that its caller never learns of and cannot stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers run in the main thread only
+        return
+    received: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda number, _frame: received.append(number))
+        for signum in INTERRUPTS
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for signum in dict.fromkeys(received):
+        signal.raise_signal(signum)
 
 
 class InterruptsDeferred:

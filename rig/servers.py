@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rig.interrupts import interrupts_held
 from rig.secrets import auth_headers, redact_file, redact_text
 from rig.server_logs import root_cause
 from rig.server_plan import ServerPlan
@@ -64,14 +65,15 @@ class Server:
         env = {**os.environ, **self.plan.env, "TMPDIR": str(self.tmpdir)}
         env.setdefault("PYTHONUNBUFFERED", "1")
         self._log_file = open(self.plan.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            list(self.plan.argv),
-            env=env,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        with interrupts_held():  # a Ctrl-C comes after self.process holds the child, never before
+            self.process = subprocess.Popen(
+                list(self.plan.argv),
+                env=env,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()

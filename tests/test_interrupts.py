@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from rig.interrupts import InterruptsDeferred, interrupts_raise
+from rig.interrupts import InterruptsDeferred, interrupts_held, interrupts_raise
 
 
 class Stopped(Exception):
@@ -48,3 +48,20 @@ def test_a_block_without_interrupts_notes_nothing(restore_handlers):
     with InterruptsDeferred("noted", _stop) as deferred:
         pass
     assert deferred.received is None
+
+
+def test_a_held_interrupt_is_raised_when_the_block_ends(restore_handlers):
+    interrupts_raise()
+    finished = []
+    with pytest.raises(KeyboardInterrupt), interrupts_held():
+        os.kill(os.getpid(), signal.SIGTERM)
+        finished.append(True)
+    assert finished == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_held_interrupt_the_process_ignored_stays_ignored(restore_handlers):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with interrupts_held():
+        os.kill(os.getpid(), signal.SIGHUP)
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN

@@ -2,7 +2,10 @@
 its log tail, and a log that loses the API key."""
 
 import dataclasses
+import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,6 +73,29 @@ def test_stop_kills_the_whole_process_group(tmp_path):
     time.sleep(0.2)
     assert not _alive(child)
     assert server.tmpdir is None
+
+
+def test_ctrl_c_inside_popen_still_stops_the_child(tmp_path, monkeypatch):
+    """The interrupt lands after the fork, before Popen returns (CI saw that window leave a
+    vLLM server running): the start must still know the child and stop it."""
+    started: list[int] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_ctrl_c(*args, **kwargs):
+        process = real_popen(*args, **kwargs)
+        started.append(process.pid)
+        os.kill(os.getpid(), signal.SIGINT)
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_ctrl_c)
+    plan = _plan(tmp_path, [sys.executable, "-c", "import time; time.sleep(600)"])
+    with pytest.raises(KeyboardInterrupt), ServerSet([plan], startup_timeout_s=30):
+        pass
+    (pid,) = started
+    alive = _alive(pid)
+    if alive:
+        os.killpg(pid, signal.SIGKILL)
+    assert not alive
 
 
 def test_a_server_that_exits_fails_with_its_log_tail(tmp_path):
