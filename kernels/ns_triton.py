@@ -13,7 +13,7 @@ Two launches, no host sync when vLLM's chunk metadata is given:
      causal P = scale q k^T exp(G_i - G_j), and the per-row scales the walk applies.
   2. The only sequential walk over chunks, three dots per chunk ([w; q] h as one 128-row
      product, P v_new, k^T v_new), loads software-pipelined; no chunk state or v_new leaves
-     the program. Two forms (`_walk_form`): k-first holds h [K, BV] and splits V in BV
+     the program. Two forms (`_walk_layout`): k-first holds h [K, BV] and splits V in BV
      columns, so that one long sequence still fills the GPU; v-first holds h^T [V, K], whose
      dots all take it (and v_new) from registers, for many sequences.
 The launch settings below are what the H200 bench picked (kernels/README.md); kernels/bench.py
@@ -30,8 +30,8 @@ import triton.language as tl
 CHUNK = 64
 WY_NUM_WARPS = 4
 NEUMANN_PRECISION = "bf16"
-WALK_FORM = None  # None: by occupancy (_walk_form); "k-first" or "v-first"
-WALK_BLOCK_V = None  # k-first walk's columns of V; None: by occupancy (_walk_block_v)
+WALK_FORM = None  # None: by waves (_walk_layout); "k-first" or "v-first"
+WALK_BLOCK_V = None  # k-first walk's columns of V; None: by waves (_walk_layout)
 WALK_NUM_WARPS = 4  # k-first walk
 WALK_STAGES = 3  # k-first walk
 V_FIRST_STAGES = 3  # v-first walk (all of V per program, 4 warps per 64 columns)
@@ -345,10 +345,12 @@ class Launch:
         device = q.device
         tiles = (self.num_chunks, num_value_heads)  # chunk-major: one block per chunk and head
         self.w = torch.empty(*tiles, CHUNK, head_k_dim, device=device, dtype=torch.bfloat16)
-        walk_form = WALK_FORM or _walk_form(self.num_seqs, num_value_heads, device)
+        walk_form, block_v = _walk_layout(self.num_seqs, num_value_heads, head_v_dim, device)
+        walk_form = WALK_FORM or walk_form
         if walk_form not in ("k-first", "v-first"):
             raise ValueError(f"WALK_FORM must be k-first or v-first, not {walk_form!r}")
         self.v_first = walk_form == "v-first"
+        self.k_first_block_v = WALK_BLOCK_V or block_v
         u_tile = (head_v_dim, CHUNK) if self.v_first else (CHUNK, head_v_dim)
         self.u = torch.empty(*tiles, *u_tile, device=device, dtype=torch.bfloat16)
         self.causal = torch.empty(*tiles, CHUNK, CHUNK, device=device, dtype=torch.bfloat16)
@@ -384,10 +386,7 @@ class Launch:
         if self.v_first:
             block_v, stages, warps = head_v_dim, V_FIRST_STAGES, 4 * head_v_dim // 64
         else:
-            stages, warps = WALK_STAGES, WALK_NUM_WARPS
-            block_v = WALK_BLOCK_V or _walk_block_v(
-                self.num_seqs * self.shapes["HV"], head_v_dim, self.q.device
-            )
+            block_v, stages, warps = self.k_first_block_v, WALK_STAGES, WALK_NUM_WARPS
         placeholder = self.decay  # never read or written when its flag is off
         _walk_kernel[(head_v_dim // block_v, self.num_seqs, self.shapes["HV"])](
             self.q, self.k, self.w, self.u, self.causal, self.out_scale, self.key_scale,
@@ -413,23 +412,25 @@ def chunk_gated_delta_rule(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor 
     return launch.result()
 
 
-def _walk_form(num_seqs: int, num_value_heads: int, device: torch.device) -> str:
-    """The v-first walk when one program per sequence and value head fills the SMs, else the
-    k-first walk (whose V split keeps every SM busy on one long sequence); k-first on CPU.
-    H200 bench, whole call: 64 x 128 tokens 317 us v-first against 372 k-first, 8 x 1K 223
-    against 278; one sequence of 8K 420 against 302."""
+def _walk_layout(
+    num_seqs: int, num_value_heads: int, head_v_dim: int, device: torch.device
+) -> tuple[str, int]:
+    """The walk's form and a k-first walk's columns of V, by waves. Every walk program fills
+    an SM's shared memory, so programs past the SM count wait for a second wave, which costs
+    more than a wider program does. Of the layouts with the fewest waves, the one with the
+    least work per program: k-first at 32 columns, at 64, then v-first (all of V, one program
+    per sequence and value head, the fewest programs). H200 bench, graph replays of the whole
+    call, 32 / 64 columns / v-first: 8K 287 / 334 / 394 us, 2 x 8K 579 / 472 / 519, 4 x 4K
+    585 / 483 / 435. On CPU (the interpreter): k-first, 64 columns at most."""
     if device.type != "cuda":
-        return "k-first"
-    return "v-first" if num_seqs * num_value_heads >= _multiprocessors(device) else "k-first"
-
-
-def _walk_block_v(programs_per_block: int, head_v_dim: int, device: torch.device) -> int:
-    """Columns of V per walk program: 32 when 64-column programs would leave SMs idle (one
-    long sequence), else 64 (fewer re-reads of w, q, k and P). Picked on the H200 bench."""
-    if device.type != "cuda":
-        return min(64, head_v_dim)
-    wide_programs = programs_per_block * max(1, head_v_dim // 64)
-    return 32 if wide_programs < _multiprocessors(device) else min(64, head_v_dim)
+        return "k-first", min(64, head_v_dim)
+    programs = num_seqs * num_value_heads
+    sms = _multiprocessors(device)
+    fewest_waves = -(-programs // sms)
+    for block_v in (32, 64):
+        if block_v <= head_v_dim and -(-programs * (head_v_dim // block_v) // sms) == fewest_waves:
+            return "k-first", block_v
+    return "v-first", min(64, head_v_dim)  # the columns a forced k-first walk takes
 
 
 @functools.cache

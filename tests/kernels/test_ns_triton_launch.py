@@ -1,4 +1,4 @@
-"""The Triton nsR's launch rules, decided on the host (no GPU needed): which walk runs and how
+"""The Triton nsR's launch rule, decided on the host (no GPU needed): which walk runs and how
 many columns of V a k-first walk program takes."""
 
 import pytest
@@ -16,32 +16,30 @@ def h200(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("num_seqs", "head_v_dim", "block_v"),
-    [(1, 128, 32), (2, 128, 32), (3, 128, 64), (64, 128, 64), (1, 64, 32), (8, 64, 64)],
+    ("num_seqs", "num_value_heads", "head_v_dim", "layout"),
+    [
+        (1, 32, 128, ("k-first", 32)),  # 128 programs at 32 columns: one wave
+        (2, 32, 128, ("k-first", 64)),  # 32 columns would take two waves, 64 one
+        (4, 32, 128, ("v-first", 64)),  # 128 v-first programs: one wave, k-first two or more
+        (5, 32, 128, ("v-first", 64)),
+        (64, 32, 128, ("v-first", 64)),
+        (1, 64, 128, ("k-first", 64)),  # Qwen3.5 on one GPU: 64 value heads
+        (1, 32, 64, ("k-first", 32)),
+        (4, 32, 64, ("k-first", 64)),
+        (132, 1, 128, ("v-first", 64)),
+        (33, 1, 128, ("k-first", 32)),
+    ],
 )
-def test_walk_columns_follow_occupancy(h200, num_seqs, head_v_dim, block_v):
-    """32 value heads: 32-column programs while 64-column ones would leave SMs idle."""
-    assert ns_triton._walk_block_v(num_seqs * 32, head_v_dim, CUDA) == block_v
-
-
-def test_walk_columns_on_cpu_are_64_at_most():
-    assert ns_triton._walk_block_v(1, 128, torch.device("cpu")) == 64
-    assert ns_triton._walk_block_v(1, 64, torch.device("cpu")) == 64
-
-
-@pytest.mark.parametrize(
-    ("num_seqs", "num_value_heads", "form"),
-    [(1, 32, "k-first"), (4, 32, "k-first"), (5, 32, "v-first"), (64, 32, "v-first"),
-     (132, 1, "v-first"), (131, 1, "k-first")],
-)  # fmt: skip
-def test_v_first_walk_once_one_program_per_sequence_and_head_fills_the_sms(
-    h200, num_seqs, num_value_heads, form
+def test_the_walk_layout_takes_the_fewest_waves_then_the_least_work_per_program(
+    h200, num_seqs, num_value_heads, head_v_dim, layout
 ):
-    assert ns_triton._walk_form(num_seqs, num_value_heads, CUDA) == form
+    assert ns_triton._walk_layout(num_seqs, num_value_heads, head_v_dim, CUDA) == layout
 
 
-def test_k_first_walk_on_cpu():
-    assert ns_triton._walk_form(64, 32, torch.device("cpu")) == "k-first"
+def test_k_first_walk_on_cpu_at_64_columns_at_most():
+    cpu = torch.device("cpu")
+    assert ns_triton._walk_layout(64, 32, 128, cpu) == ("k-first", 64)
+    assert ns_triton._walk_layout(1, 4, 32, cpu) == ("k-first", 32)
 
 
 def test_an_unknown_walk_form_is_refused(monkeypatch):
