@@ -420,7 +420,7 @@ def _walk_layout(
     more than a wider program does. Of the layouts with the fewest waves, the one with the
     least work per program: k-first at 32 columns, at 64, then v-first (all of V, one program
     per sequence and value head, the fewest programs). H200 bench, graph replays of the whole
-    call, 32 / 64 columns / v-first: 8K 287 / 334 / 394 us, 2 x 8K 579 / 472 / 519, 4 x 4K
+    call, 32 / 64 columns / v-first: 8K 288 / 334 / 394 us, 2 x 8K 579 / 472 / 519, 4 x 4K
     585 / 483 / 435. On CPU (the interpreter): k-first, 64 columns at most."""
     if device.type != "cuda":
         return "k-first", min(64, head_v_dim)
