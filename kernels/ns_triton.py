@@ -426,9 +426,12 @@ def _walk_layout(
         return "k-first", min(64, head_v_dim)
     programs = num_seqs * num_value_heads
     sms = _multiprocessors(device)
-    fewest_waves = -(-programs // sms)
+    fewest_waves = triton.cdiv(programs, sms)
     for block_v in (32, 64):
-        if block_v <= head_v_dim and -(-programs * (head_v_dim // block_v) // sms) == fewest_waves:
+        if (
+            block_v <= head_v_dim
+            and triton.cdiv(programs * (head_v_dim // block_v), sms) == fewest_waves
+        ):
             return "k-first", block_v
     return "v-first", min(64, head_v_dim)  # the columns a forced k-first walk takes
 

@@ -33,6 +33,17 @@ def interrupts_raise() -> None:
 
 
 @contextmanager
+def _handled_by(handler: Callable[[int, FrameType | None], object]) -> Iterator[None]:
+    """Every interrupt goes to `handler` inside the block, to the handlers from before it after."""
+    previous = {signum: signal.signal(signum, handler) for signum in INTERRUPTS}
+    try:
+        yield
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
+
+
+@contextmanager
 def interrupts_held() -> Iterator[None]:
     """Interrupts that arrive inside the block are delivered when it ends, to the handlers from
     before it. For what must not be cut in two: a KeyboardInterrupt inside subprocess.Popen,
@@ -41,15 +52,8 @@ def interrupts_held() -> Iterator[None]:
         yield  # signal handlers run in the main thread only
         return
     received: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda number, _frame: received.append(number))
-        for signum in INTERRUPTS
-    }
-    try:
+    with _handled_by(lambda signum, _frame: received.append(signum)):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     for signum in dict.fromkeys(received):
         signal.raise_signal(signum)
 
@@ -64,7 +68,8 @@ class InterruptsDeferred:
         self.received: int | None = None
 
     def __enter__(self) -> InterruptsDeferred:
-        self._previous = {signum: signal.signal(signum, self._note) for signum in INTERRUPTS}
+        self._handling = _handled_by(self._note)
+        self._handling.__enter__()
         return self
 
     def __exit__(
@@ -73,8 +78,7 @@ class InterruptsDeferred:
         _value: BaseException | None,
         _traceback: TracebackType | None,
     ) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+        self._handling.__exit__(_type, _value, _traceback)
 
     def _note(self, signum: int, _frame: FrameType | None) -> None:
         if self.received is not None:
