@@ -1,7 +1,7 @@
 """Kernel-level checks: candidate vs reference vs the float64 recurrence, output and final state.
 
-    python -m kernels.check [--device cpu|cuda] [--candidate ns4] [--cases varlen,chunk]
-                            [--csv PATH] [--long-tokens N]
+    python -m kernels.check [--device cpu|cuda] [--kernel ns4 | --kernel mypkg.gdn:chunk_fwd]
+                            [--cases varlen,chunk] [--csv PATH] [--long-tokens N]
 
 Every case of kernels/cases.py runs the candidate, the reference (vLLM's CPU op on CPU, FLA on
 CUDA) and, where the case names one, a negative control (ns3 on correlated keys) through the
@@ -14,6 +14,7 @@ fails.
 
 import argparse
 import math
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ import torch
 
 from kernels.accuracy import GdnError, gdn_error
 from kernels.cases import Bounds, CheckCase, Part, check_cases
+from kernels.functions import KernelFunctionError
+from kernels.registry import UnknownKernelError
 from kernels.runners import (
     GdnResult,
     KernelRunner,
@@ -155,7 +158,13 @@ def rows_frame(rows: list[CheckRow]) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.check", description=__doc__)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--candidate", default="ns4")
+    parser.add_argument(
+        "--kernel",
+        "--candidate",
+        dest="candidate",
+        default="ns4",
+        help="a kernel name (ns4) or your own FLA-contract function (module:function)",
+    )
     parser.add_argument(
         "--cases", default="", help="comma-separated substrings of case names (default: all)"
     )
@@ -165,11 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device visible")
 
-    rows = run_checks(
-        args.device, args.candidate, [c for c in args.cases.split(",") if c], args.long_tokens
-    )
+    try:
+        rows = run_checks(
+            args.device, args.candidate, [c for c in args.cases.split(",") if c], args.long_tokens
+        )
+    except (UnknownKernelError, KernelFunctionError) as error:
+        parser.error(str(error))
     frame = rows_frame(rows)
-    csv_path = args.csv or Path("results/kernels") / f"check-{args.device}-{args.candidate}.csv"
+    label = re.sub(r"[^\w.+-]", "_", args.candidate)
+    csv_path = args.csv or Path("results/kernels") / f"check-{args.device}-{label}.csv"
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(csv_path, index=False)
     with pd.option_context("display.width", 250, "display.max_rows", None):

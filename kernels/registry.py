@@ -1,7 +1,9 @@
 """Candidate GDN prefill kernels by name: `ns<R>`, the chunked GDN with R BF16 Newton-Schulz
-rounds for the 16x16 block inverses (ns3 reproduces the seeds' failure, ns4 is the fix), and
-the performance control `<base>+delay-<N>ms`: the base kernel (`ref` = vLLM's own, or an
-`ns<R>`) with N milliseconds of sleep added to every prefill call, a slowdown of known size."""
+rounds for the 16x16 block inverses (ns3 reproduces the seeds' failure, ns4 is the fix); the
+performance control `<base>+delay-<N>ms`: the base kernel (`ref` = vLLM's own, or an `ns<R>`)
+with N milliseconds of sleep added to every prefill call, a slowdown of known size; and a
+kernel engineer's own function, `module:function` or a name under the entry point group
+`rig.kernels` (kernels/functions.py)."""
 
 import functools
 import hashlib
@@ -11,6 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.functions import (
+    ENTRY_POINT_GROUP,
+    FlaFunctionCpuOp,
+    KernelFunctionError,
+    check_contract,
+    fla_contract_caller,
+    is_function_reference,
+    load_function,
+    registered_kernels,
+    source_file,
+)
 from kernels.ns_torch import NsCpuOp
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -32,16 +45,33 @@ class UnknownKernelError(ValueError):
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
-    ns_rounds: int | None  # None: vLLM's own kernel runs (only with a planted delay)
+    ns_rounds: int | None  # None: vLLM's own kernel (with a planted delay) or `function`
     delay_ms: float = 0.0  # slept after every prefill call
+    function: str | None = None  # `module:function` of a kernel engineer's own kernel
 
     @property
     def delay_s(self) -> float:
         return self.delay_ms / 1000
 
+    @property
+    def runs_vllm_kernel(self) -> bool:
+        """vLLM's own kernel runs, slowed by the planted delay (`ref+delay-<N>ms`)."""
+        return self.ns_rounds is None and self.function is None
+
+    def loaded_function(self) -> Callable:
+        """The user's function, imported and checked against the contract."""
+        try:
+            function = load_function(self.function)
+            check_contract(function)
+        except KernelFunctionError as error:
+            raise KernelFunctionError(f"kernel {self.name}: {error}") from None
+        return function
+
     def cpu_op(self, reference: Callable | None = None) -> Callable:
         """Replacement for `vllm._custom_ops.chunk_gated_delta_rule_cpu`; `reference` is that
         op, which a planted delay on vLLM's own kernel wraps."""
+        if self.function is not None:
+            return self.delayed(FlaFunctionCpuOp(fla_contract_caller(self.loaded_function())))
         op = NsCpuOp(self.ns_rounds) if self.ns_rounds is not None else reference
         if op is None:
             raise ValueError(f"{self.name} runs vLLM's own kernel: pass it as `reference`")
@@ -49,7 +79,9 @@ class KernelSpec:
 
     def fla_contract_function(self) -> Callable:
         """Replacement for FLA's `chunk_gated_delta_rule` as vLLM's CUDA path calls it: Triton
-        for CUDA tensors, the PyTorch implementation for any other device."""
+        for CUDA tensors, the PyTorch implementation for any other device; or the user's own."""
+        if self.function is not None:
+            return self.delayed(fla_contract_caller(self.loaded_function()))
         if self.ns_rounds is None:
             raise ValueError(f"{self.name} runs vLLM's own kernel, not an FLA-contract function")
         return self.delayed(functools.partial(_fla_contract, ns_rounds=self.ns_rounds))
@@ -68,7 +100,11 @@ class KernelSpec:
         return slowed
 
     def source_sha256(self, platform: str) -> str:
-        """sha256 over the source files that run on `platform` ("cpu" or "cuda")."""
+        """sha256 over the source files that run on `platform` ("cpu" or "cuda"); a user's
+        function: the file that defines it."""
+        if self.function is not None:
+            found = source_file(self.loaded_function())
+            return sha256_of_files([found] if found else [])
         sources = _sources(platform) if self.ns_rounds is not None else ()
         if self.delay_ms:
             sources += PLANTED_SOURCES
@@ -99,23 +135,32 @@ def known_kernel_names() -> list[str]:
 
 
 def resolve_kernel(name: str) -> KernelSpec:
-    """The candidate called `name`; UnknownKernelError naming the known ones otherwise."""
-    match = _NAME.fullmatch(name.strip())
+    """The candidate called `name`; UnknownKernelError naming the known ones otherwise. A
+    user's function is resolved by name only: `loaded_function` imports it."""
+    name = name.strip()
+    if is_function_reference(name):
+        return KernelSpec(name=name, ns_rounds=None, function=name)
+    match = _NAME.fullmatch(name)
     rounds = match and match.group("rounds")
     delay = float(match.group("delay")) if match and match.group("delay") else 0.0
     if (
-        match is None
-        or (rounds is not None and int(rounds) not in NS_ROUNDS_RANGE)
-        or (match.group("ref") and not delay)
+        match is not None
+        and (rounds is None or int(rounds) in NS_ROUNDS_RANGE)
+        and (delay or not match.group("ref"))
     ):
-        raise UnknownKernelError(
-            f"unknown GDN kernel {name!r}; known kernels: {', '.join(known_kernel_names())} "
-            f"(ns<R> = R BF16 Newton-Schulz rounds; {' and '.join(REGISTERED)} are the "
-            "failing and fixed controls), and the performance control <base>+delay-<N>ms "
-            f"(base {REFERENCE_BASE} = vLLM's own kernel, or ns<R>; N ms slept after every "
-            "prefill call)"
-        )
-    return KernelSpec(name=name.strip(), ns_rounds=int(rounds) if rounds else None, delay_ms=delay)
+        return KernelSpec(name=name, ns_rounds=int(rounds) if rounds else None, delay_ms=delay)
+    registered = registered_kernels()
+    if name in registered:
+        return KernelSpec(name=name, ns_rounds=None, function=registered[name])
+    raise UnknownKernelError(
+        f"unknown GDN kernel {name!r}; known kernels: {', '.join(known_kernel_names())} "
+        f"(ns<R> = R BF16 Newton-Schulz rounds; {' and '.join(REGISTERED)} are the "
+        "failing and fixed controls), the performance control <base>+delay-<N>ms "
+        f"(base {REFERENCE_BASE} = vLLM's own kernel, or ns<R>; N ms slept after every "
+        "prefill call), a module:function of your own, or a name under the entry point "
+        f"group {ENTRY_POINT_GROUP}"
+        + (f" (here: {', '.join(sorted(registered))})" if registered else "")
+    )
 
 
 def planted_delay_ms(name: str | None) -> float:
@@ -128,4 +173,4 @@ def planted_delay_ms(name: str | None) -> float:
         spec = resolve_kernel(name)
     except UnknownKernelError:
         return 0.0
-    return spec.delay_ms if spec.ns_rounds is None else 0.0
+    return spec.delay_ms if spec.runs_vllm_kernel else 0.0

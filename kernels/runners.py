@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.functions import run_fla_contract
 from kernels.gdn_inputs import GdnInputs
 from kernels.recurrence import gdn_recurrence
 from kernels.registry import resolve_kernel
@@ -58,25 +59,9 @@ def run_cpu_op(op: CpuOp, inputs: GdnInputs) -> GdnResult:
     return out[0], pool[indices.long()]
 
 
-def run_fla_contract(function: Callable, inputs: GdnInputs) -> GdnResult:
-    """Call an FLA-`chunk_gated_delta_rule`-shaped function with vLLM's V-first states."""
-    out, final_state = function(
-        q=inputs.q.unsqueeze(0),
-        k=inputs.k.unsqueeze(0),
-        v=inputs.v.unsqueeze(0),
-        g=inputs.g.unsqueeze(0),
-        beta=inputs.beta.unsqueeze(0),
-        scale=inputs.scale,
-        initial_state=inputs.initial_state.transpose(-1, -2).contiguous(),
-        output_final_state=True,
-        cu_seqlens=inputs.cu_seqlens.to(torch.int32),
-        use_qk_l2norm_in_kernel=inputs.use_qk_l2norm,
-    )
-    return out[0], final_state.transpose(-1, -2)
-
-
 def candidate_runner(kernel_name: str, device: str) -> KernelRunner:
-    """The candidate `kernel_name` (e.g. "ns4") as vLLM's CPU build or CUDA path would call it."""
+    """The candidate `kernel_name` (e.g. "ns4", or a user's `module:function`) as vLLM's CPU
+    build or CUDA path would call it."""
     spec = resolve_kernel(kernel_name)
     if device == "cpu":
         op = spec.cpu_op()

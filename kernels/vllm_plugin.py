@@ -6,8 +6,10 @@ the engine core and every worker, possibly more than once.
 
   RIG_GDN_KERNEL=ns4      run candidate ns4 (kernels/registry.py); unset = vLLM's own kernel.
                           `ref+delay-20ms`: vLLM's own kernel and 20 ms of sleep per prefill
-                          call (the performance control); an unknown name fails the server at
-                          start, naming the known kernels.
+                          call (the performance control); `mypkg.gdn:chunk_fwd` or a name under
+                          the entry point group `rig.kernels`: your own FLA-contract function
+                          (kernels/functions.py), imported in every process; an unknown name or
+                          a function that does not import fails the server at start.
   RIG_GDN_STATS_DIR=dir   every process the plugin loads in keeps dir/gdn-calls-<pid>.json.
                           Unset: the first process makes a private temporary folder and sets
                           it, so the engine core and workers vLLM starts later inherit it.
@@ -35,6 +37,7 @@ import torch
 
 from kernels.backends import AUTO, CPU_NATIVE, reference_kernel_name
 from kernels.capture import CaptureWriter, calling_layer_name, capture_writer_from_env
+from kernels.functions import KernelFunctionError
 from kernels.gdn_inputs import GdnInputs
 from kernels.proof import (
     KERNEL_ENV,
@@ -196,7 +199,9 @@ def register() -> None:
         return
     try:
         spec = selected_kernel()
-    except UnknownKernelError as error:
+        if spec is not None and spec.function is not None:
+            spec.loaded_function()
+    except (UnknownKernelError, KernelFunctionError) as error:
         print(f"rig GDN plugin: {KERNEL_ENV}: {error}", file=sys.stderr, flush=True)
         raise
     from vllm.platforms import current_platform
@@ -314,7 +319,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
 
     if CUDA_OP_NAME in op_registry_oot:
         return op_registry_oot[CUDA_OP_NAME]
-    planted = spec is not None and spec.ns_rounds is None  # a delay on vLLM's own kernel
+    planted = spec is not None and spec.runs_vllm_kernel  # a delay on vLLM's own kernel
     if spec is None:
         kernel, sha, candidate = CUDA_REFERENCE_UNBUILT, _file_sha256(ChunkGatedDeltaRule), None
     else:

@@ -39,6 +39,8 @@ def test_cli_writes_csv_and_fails_when_the_candidate_is_ns3(tmp_path, capsys):
     assert "GATE FAILED: correlated-keys" in capsys.readouterr().out
 
 
-def test_cli_rejects_unknown_candidate():
-    with pytest.raises(ValueError, match="known kernels"):
+def test_cli_rejects_unknown_candidate(capsys):
+    with pytest.raises(SystemExit) as exited:
         main(["--candidate", "nope", "--cases", "correlated"])
+    assert exited.value.code == 2
+    assert "known kernels" in capsys.readouterr().err

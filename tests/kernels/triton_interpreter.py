@@ -85,9 +85,9 @@ def main() -> None:
     from kernels import ns_triton
     from kernels.accuracy import gdn_error
     from kernels.cases import Shape, correlated_key_inputs, random_inputs
+    from kernels.functions import run_fla_contract
     from kernels.ns_torch import chunk_gdn_ns
     from kernels.recurrence import gdn_recurrence
-    from kernels.runners import run_fla_contract
 
     results = {}
     for label, lengths, rounds, head_dim, walk in CASES:
