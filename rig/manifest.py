@@ -91,6 +91,7 @@ def build_manifest(scenario: Scenario, plan: LaunchPlan, model_path: str) -> dic
                 "base_url": p.base_url,
                 "log": str(p.log_path),
                 "kernel": p.kernel,
+                "install": p.install.record() if p.install is not None else None,
             }
             for label, p in plan.servers.items()
         },

@@ -1,10 +1,11 @@
 """Preflight: everything that can be known before a server starts, checked in seconds.
 
-The model (embedded, local path, Hugging Face cache or hub), the vLLM build, the GPUs a
-placement needs and their free memory against the checkpoint's size, the GDN backend's
-importability, the ports. Every problem found goes into one line, so a user on the wrong
-machine learns all of it at once. `python -m rig.run SCENARIO --plan` prints the resolved plan
-after these checks and starts nothing.
+The model (embedded, local path, Hugging Face cache or hub), the vLLM installation of each side
+(rig/installs.py: there, supported, the rig's plugin and the user's kernel loading in it, no
+undeclared difference between the sides), the GPUs a placement needs and their free memory
+against the checkpoint's size, the GDN backends' importability, the ports. Every problem found
+goes into one line, so a user on the wrong machine learns all of it at once. `python -m rig.run
+SCENARIO --plan` prints the resolved plan after these checks and starts nothing.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernels.backends import UnsupportedVllmError, check_vllm_version
 from rig.hardware import Hardware
+from rig.installs import InstallError, SideInstall, install_skew, resolve_installs
 from rig.placement import PlacementError
 from rig.scenario import SIDES, Scenario
-from rig.server_plan import LaunchPlan, flashinfer_importable, plan_servers
+from rig.server_plan import LaunchPlan, plan_servers
 from rig.servers import ServerError, ensure_port_free
-from rig.vllm_entry import installed_vllm_version
 
 GIB = 2**30
 HUB_TIMEOUT_S = 4.0
@@ -53,6 +53,7 @@ class Preflight:
     hardware: Hardware
     model: ModelLocation
     plan: LaunchPlan
+    installs: dict[str, SideInstall] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -127,15 +128,24 @@ def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
     return ModelLocation(name, "hub", declared, "vLLM downloads it at start")
 
 
-def check_vllm() -> str | None:
-    version = installed_vllm_version()
-    if version is None:
-        return "vLLM is not installed in this environment (make venv installs it)"
-    try:
-        check_vllm_version(version)
-    except UnsupportedVllmError as exc:
-        return str(exc)
-    return None
+def check_backends(
+    scenario: Scenario, installs: dict[str, SideInstall], hardware: Hardware
+) -> list[str]:
+    """A side asking for a GDN backend its install cannot import (flashinfer, cutedsl) would
+    fall back to FLA with a warning: refuse it. The CPU build ignores the request."""
+    problems = []
+    modules = {"flashinfer": "flashinfer-python", "cutedsl": "nvidia-cutlass-dsl"}
+    for side, install in installs.items():
+        backend = scenario.backend_of(side)
+        if not hardware.gpu_count or backend not in modules or not install.facts.probed:
+            continue
+        if not getattr(install.facts, backend):
+            problems.append(
+                f"{side}: GDN prefill backend {backend} is asked for, but its install "
+                f"({install.facts.python}) cannot import it (pip install {modules[backend]}, "
+                "or use triton = FLA)"
+            )
+    return problems
 
 
 def check_memory(scenario: Scenario, plan: LaunchPlan, hardware: Hardware, weights: int) -> list:
@@ -186,9 +196,12 @@ def preflight(
     """All checks; raises PreflightError with every problem in one line."""
     problems: list[str] = []
     notes: list[str] = []
-    vllm_problem = check_vllm()
-    if vllm_problem is not None:
-        problems.append(vllm_problem)
+    installs: dict[str, SideInstall] = {}
+    try:
+        installs = resolve_installs(scenario, sides)
+    except InstallError as exc:
+        problems.append(str(exc))
+    problems += install_skew(scenario, installs)
     gpu_problem = needs_gpus(scenario, hardware)
     if gpu_problem is not None:
         problems.append(gpu_problem)
@@ -204,14 +217,9 @@ def preflight(
         model = ModelLocation(scenario.model.name, "missing")
     if model.note:
         notes.append(f"model: {model.note}")
-    backend = scenario.model.gdn_prefill_backend
-    if hardware.gpu_count and backend == "flashinfer" and not flashinfer_importable():
-        problems.append(
-            "model.gdn_prefill_backend=flashinfer but flashinfer is not importable here "
-            "(pip install flashinfer-python, or use triton = FLA)"
-        )
+    problems += check_backends(scenario, installs, hardware)
     plan = None
-    if gpu_problem is None and vllm_problem is None:
+    if gpu_problem is None and len(installs) == len(sides):
         tp = scenario.model.tensor_parallel_size
         try:
             plan = plan_servers(
@@ -221,6 +229,7 @@ def preflight(
                 hardware,
                 sides,
                 copies=model_copies(model.weights_bytes, hardware, tp),
+                installs=installs,
             )
         except PlacementError as exc:
             where = " (--assume-gpus)" if hardware.assumed else ""
@@ -242,7 +251,7 @@ def preflight(
                     problems.append(str(exc))
     if problems or plan is None:
         raise PreflightError("; ".join(problems) or "no placement")
-    return Preflight(scenario, hardware, model, plan, notes)
+    return Preflight(scenario, hardware, model, plan, installs, notes)
 
 
 def request_count(scenario: Scenario, prompt_count: int) -> int:
@@ -272,12 +281,22 @@ def render_plan(checked: Preflight, prompt_count: int) -> str:
     gpus = f"{checked.hardware.gpu_count} GPU(s)" if checked.hardware.gpu_count else "no GPU"
     assumed = " (assumed)" if checked.hardware.assumed else ""
     kind = "gpu" if checked.hardware.gpu_count else "cpu"
+    backends = {side: scenario.backend_of(side) for side in SIDES}
+    backend = (
+        f"GDN prefill backend {backends['reference']} on both sides"
+        if len(set(backends.values())) == 1
+        else ", ".join(f"{side} GDN prefill backend {b}" for side, b in backends.items())
+    )
     lines = [
         f"plan: {scenario.name}",
-        f"model: {model.name}{preset} ({checked.model.source}{size}); "
-        f"GDN prefill backend {model.gdn_prefill_backend} on both sides",
+        f"model: {model.name}{preset} ({checked.model.source}{size}); {backend}",
         f"machine: {gpus}{assumed}; placement: {plan.placement.describe()}",
         "phases: " + " then ".join("[" + ", ".join(phase) + "]" for phase in plan.phases),
+        *(
+            f"{side} install ({install.kind}): {install.facts.describe()}"
+            for side, install in checked.installs.items()
+            if install.kind != "attached"
+        ),
     ]
     for label, server in plan.servers.items():
         lines.append(f"{label} ({server.devices}):")

@@ -151,6 +151,7 @@ def _verdict_lines(verdict: Verdict) -> list[str]:
             f"{a.substantive} substantive; drift mean {_fmt(a.drift_mean, 4)}, "
             f"max {_fmt(a.drift_max, 4)}."
         )
+    lines += list(verdict.notes)
     lines += ["", "| gate | result | detail |", "|---|---|---|"]
     lines += [
         f"| {_cell_md(g.name)} | {check(g.passed)} {'pass' if g.passed else '**FAIL**'} "

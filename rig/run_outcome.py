@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kernels.backends import reference_kernel_name
 from kernels.proof import KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
 from rig.cache import GoldenEntry
 from rig.compare import compare_pairs
 from rig.drift import DriftResult, drift_results, forced_positions
+from rig.installs import served_skew
 from rig.manifest import build_manifest
 from rig.perf import PlantedDelay, perf_frame
 from rig.report import PrefixCacheDelta, RunOutcome
@@ -18,13 +20,43 @@ from rig.run_state import RunContext, RunState, finished
 from rig.scenario import SIDES, Scenario
 from rig.server_logs import ADVISORY_LOG_KINDS
 from rig.server_plan import LaunchPlan
-from rig.verdict import Gate, SideKernel, Verdict, decide
+from rig.verdict import Gate, GateKind, SideKernel, Verdict, decide
+
+SERVING_KEYS = (
+    "kernel",
+    "gdn_prefill_backend",
+    "serve_args",
+    "env",
+    "python",
+    "vllm_executable",
+    "command",
+)
 
 
 def is_aa_run(scenario: Scenario) -> bool:
-    """Reference against reference: both sides configured identically."""
+    """Reference against reference: both sides served alike (same install, flags, kernel)."""
     ref, cand = scenario.reference, scenario.candidate
-    return (ref.kernel, ref.serve_args, ref.env) == (cand.kernel, cand.serve_args, cand.env)
+    return all(getattr(ref, key) == getattr(cand, key) for key in SERVING_KEYS)
+
+
+def candidate_should_run(scenario: Scenario) -> str | None:
+    """The kernel the candidate's proof must name: its kernel, or vllm-<backend> for an in-tree
+    backend other than the reference's; None when any kernel but the reference's will do."""
+    candidate = scenario.candidate
+    if candidate.kernel is not None:
+        return candidate.kernel
+    backend = scenario.backend_of("candidate")
+    if backend != scenario.backend_of("reference"):
+        return reference_kernel_name(backend)
+    return None
+
+
+def proof_not_asked(scenario: Scenario) -> str | None:
+    """Why no kernel proof is asked of this run (None: it is)."""
+    if not scenario.gates.require_candidate_kernel:
+        return "gates.require_candidate_kernel: false"
+    off = [side for side in SIDES if scenario.side(side).proof == "none"]
+    return " and ".join(f"{side}.proof: none" for side in off) or None
 
 
 def side_kernels(
@@ -85,6 +117,30 @@ def planted_delay(
         key = (delta.level, delta.repeat)
         calls[key] = calls.get(key, 0) + delta.gdn_prefill_calls
     return PlantedDelay(kernel, delay_ms, calls) if delay_ms and calls else None
+
+
+def installs_gate(scenario: Scenario, plan: LaunchPlan, served: dict[str, str]) -> Gate | None:
+    """Where the sides are served by different installations: what served each, by the probe
+    and by the servers' own word, and no vLLM release between them that the scenario does
+    not declare (preflight checks the probed ones; this catches containers and attached
+    servers). None when both sides share one installation."""
+    first = {side: plan.side_servers(side)[0] for side in SIDES if plan.side_servers(side)}
+    installs = {side: server.install for side, server in first.items() if server.install}
+    if len({(i.kind, i.serve_prefix) for i in installs.values()}) < 2:
+        return None
+    versions = {
+        side: served.get(server.label) or (server.install.facts.vllm if server.install else None)
+        for side, server in first.items()
+    }
+    described = "; ".join(
+        f"{side} ({install.kind}): "
+        + (f"served vLLM {served[first[side].label]}; " if first[side].label in served else "")
+        + install.facts.describe()
+        for side, install in installs.items()
+    )
+    skew = served_skew(scenario, {s: v for s, v in versions.items() if v})
+    detail = f"{skew}; {described}" if skew else described
+    return Gate("vLLM installs", skew is None, detail, GateKind.VALIDITY)
 
 
 def side_drift(state: RunState, side: str) -> list[DriftResult]:
@@ -148,13 +204,19 @@ def build_outcome(
         drift,
         hits,
         kernels,
-        scenario.candidate.kernel,
+        candidate_should_run(scenario),
         is_aa_run(scenario),
         log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
         deltas=perf,
         aa_pairs=aa_pairs,
         aa_drift=aa_drift,
-        reference_backend=scenario.model.gdn_prefill_backend,
+        reference_backend=(
+            scenario.backend_of("reference") if scenario.reference.proof != "none" else None
+        ),
+        proof_not_asked=proof_not_asked(scenario),
+        extra_gates=tuple(
+            g for g in (installs_gate(scenario, ctx.plan, state.served_versions),) if g
+        ),
     )
     if error is not None:
         verdict = failed_verdict(verdict, error)
@@ -166,6 +228,7 @@ def build_outcome(
         | {
             "server_peak_rss_mb": state.peak_rss_mb,
             "gdn_backends": gdn_backends(state.proofs),
+            "served_vllm": state.served_versions,
             "schedule": state.schedule,
         },
         records=state.records,

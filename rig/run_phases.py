@@ -9,7 +9,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from kernels.proof import fetch_kernel_proof, read_kernel_proof
+from rig.installs import served_version
 from rig.run_state import RunContext, RunState
+from rig.secrets import auth_headers
 from rig.server_plan import ServerPlan
 from rig.servers import Server
 
@@ -87,8 +89,12 @@ def run_phases(
 def read_proofs(state: RunState, servers: dict[str, Server]) -> None:
     """Each server's kernel proof from its /metrics while it still runs: the same way for
     servers the rig started and servers it attached to. For a server the rig started, its
-    log and stats files stand in when /metrics has no evidence."""
+    log and stats files stand in when /metrics has no evidence. Its vLLM version too, as the
+    server says it (GET /version): the only word on a container's or an attached server's."""
     for label, server in servers.items():
+        version = served_version(server.base_url, auth_headers(server.plan.api_key))
+        if version is not None:
+            state.served_versions[label] = version
         try:
             proof = fetch_kernel_proof(server.base_url, server.plan.api_key)
         except (OSError, ValueError) as exc:

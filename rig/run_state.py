@@ -47,6 +47,7 @@ class RunState:
     timings: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     proofs: dict[str, KernelProof] = field(default_factory=dict)  # by server label
+    served_versions: dict[str, str] = field(default_factory=dict)  # GET /version, by label
     schedule: list[dict] = field(default_factory=list)  # each start of servers, in order
 
     def add_timing(self, name: str, seconds: float) -> None:

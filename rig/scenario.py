@@ -107,9 +107,35 @@ class ModelConfig(_Served):
 
 
 class SideConfig(_Served):
-    """One side of the comparison. Only what is declared here may differ between the sides."""
+    """One side of the comparison. Only what is declared here may differ between the sides.
 
-    kernel: str | None = Field(None, description="candidate kernel name (sets RIG_GDN_KERNEL)")
+    What serves it: the rig's own vLLM (default), another installation (`python`,
+    `vllm_executable` or `command`, rig/installs.py) or a running server (`url`); at most one.
+    What it runs: vLLM's GDN prefill backend (`gdn_prefill_backend`, default the model's) or a
+    kernel the rig's plugin swaps in (`kernel`)."""
+
+    kernel: str | None = Field(
+        None,
+        description="candidate kernel (sets RIG_GDN_KERNEL): ns4, ref+delay-5ms, your own "
+        "module:function or a name under the entry point group rig.kernels",
+    )
+    gdn_prefill_backend: GdnBackend | None = Field(
+        None, description="vLLM's GDN prefill backend for this side; default model's"
+    )
+    python: Path | None = Field(None, description="interpreter of the vLLM install serving it")
+    vllm_executable: Path | None = Field(None, description="a `vllm` console script serving it")
+    command: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="argv that runs `vllm serve` up to the model argument, e.g. docker run "
+        "--network=host ... vllm/vllm-openai:TAG (an argv list, never a shell string)",
+    )
+    vllm_version: str | None = Field(
+        None, description="the vLLM version this side's install must have (declares a skew)"
+    )
+    proof: Literal["kernel", "none"] = Field(
+        "kernel", description="none: no kernel proof is asked of this side (no plugin needed)"
+    )
     gpus: list[int] | None = None
     url: str | None = Field(None, description="attach to a server someone else started")
     port: int | None = Field(None, gt=0, lt=65536, description="default: a free port")
@@ -121,6 +147,33 @@ class SideConfig(_Served):
         if value is not None and not value.strip():
             raise ValueError("kernel must be a non-empty name or null")
         return value
+
+    @field_validator("command")
+    @classmethod
+    def _argv_list(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(value) == 1 and " " in value[0].strip():
+            raise ValueError(
+                "command is an argv list (one item per argument), not a shell string: "
+                f"write {value[0].split()!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_server_source(self) -> SideConfig:
+        given = [k for k in ("python", "vllm_executable", "command", "url") if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)}: a side is served by one of them")
+        if self.kernel is not None and self.gdn_prefill_backend is not None:
+            raise ValueError(
+                "kernel and gdn_prefill_backend: a kernel replaces whatever backend vLLM "
+                "chose; set one of them"
+            )
+        return self
+
+    @property
+    def own_install(self) -> bool:
+        """Served by the rig's own vLLM (not another install, not attached)."""
+        return not (self.python or self.vllm_executable or self.command or self.url)
 
 
 class PlacementConfig(_Strict):
@@ -254,6 +307,9 @@ class Scenario(_Strict):
     gates: GatesConfig = GatesConfig()
     results_dir: Path = Path("results")
     run_id: str | None = None
+    allow_version_skew: bool = Field(
+        False, description="compare sides whose installs differ in torch, triton or Python"
+    )
 
     @field_validator("model", mode="before")
     @classmethod
@@ -285,6 +341,10 @@ class Scenario(_Strict):
 
     def side(self, name: str) -> SideConfig:
         return getattr(self, name)
+
+    def backend_of(self, side: str) -> GdnBackend:
+        """The GDN prefill backend `side` asks vLLM for."""
+        return self.side(side).gdn_prefill_backend or self.model.gdn_prefill_backend
 
 
 def _model_mapping(value: Any) -> Any:

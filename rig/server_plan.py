@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import importlib.util
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import SecretStr
 
-from kernels.backends import gdn_backend_args
+from kernels.backends import GDN_BACKEND_FLAG, gdn_backend_args
 from kernels.proof import KERNEL_ENV
 from kernels.proof import STATS_DIR_ENV as STATS_ENV
 from rig.hardware import Hardware
+from rig.installs import SideInstall, container_argv, resolve_installs
 from rig.placement import Placement, Slot, place_on_cpus, place_on_gpus, server_label
 from rig.scenario import SIDES, Scenario
 from rig.secrets import API_KEY_ENV, redact_env, reveal
-from rig.vllm_entry import installed_vllm_version
 
 
 @dataclass(frozen=True)
@@ -44,6 +43,14 @@ class ServerPlan:
     api_key: SecretStr | None = None  # also in env as VLLM_API_KEY, never in argv
     replica: int = 0
     devices: str = ""  # what the placement gave it, in words
+    install: SideInstall | None = None  # what serves it (rig/installs.py)
+    launcher: tuple[str, ...] = ()  # the start of argv that runs `vllm serve`
+    cleanup: tuple[str, ...] = ()  # run after the server stops (a container's removal)
+
+    @property
+    def serve_args(self) -> tuple[str, ...]:
+        """argv after the launcher: the model and the flags."""
+        return self.argv[len(self.launcher) :]
 
     @property
     def label(self) -> str:
@@ -133,14 +140,18 @@ def place(
     )
 
 
-def serve_argv(scenario: Scenario, model_path: str, served_model: str, port: int) -> list[str]:
-    """The `vllm serve` command line both sides share (per-side extras are appended)."""
+def serve_argv(
+    scenario: Scenario,
+    side: str,
+    install: SideInstall,
+    model_path: str,
+    served_model: str,
+    port: int,
+) -> list[str]:
+    """The `vllm serve` command line both sides share, after the side's install's launcher
+    (per-side extras are appended)."""
     model = scenario.model
     argv = [
-        sys.executable,
-        "-m",
-        "rig.vllm_entry",
-        "serve",
         model_path,
         "--host",
         "127.0.0.1",
@@ -154,7 +165,7 @@ def serve_argv(scenario: Scenario, model_path: str, served_model: str, port: int
         str(model.tensor_parallel_size),
         "--seed",
         str(scenario.workload.seed),
-        *gdn_backend_args(installed_vllm_version(), model.gdn_prefill_backend),
+        *backend_args(install, scenario.backend_of(side)),
     ]
     flags = {
         "--max-model-len": model.max_model_len,
@@ -169,11 +180,26 @@ def serve_argv(scenario: Scenario, model_path: str, served_model: str, port: int
     return argv
 
 
-def shared_env(scenario: Scenario, hardware: Hardware) -> dict[str, str]:
+def backend_args(install: SideInstall, backend: str) -> list[str]:
+    """--gdn-prefill-backend as the side's vLLM takes it; a container's version is unknown
+    until it runs, and every supported vLLM takes the flag."""
+    if install.facts.vllm is None:
+        return [GDN_BACKEND_FLAG, backend]
+    return gdn_backend_args(install.facts.vllm, backend)
+
+
+def shared_env(
+    scenario: Scenario, hardware: Hardware, installs: dict[str, SideInstall]
+) -> dict[str, str]:
     """Environment both sides get: the scenario's, plus what vLLM's CUDA build needs to run
-    without flashinfer (its sampler imports it unless told not to)."""
+    without flashinfer (its sampler imports it unless told not to) where a side lacks it."""
     env = dict(scenario.model.env)
-    if hardware.gpu_count > 0 and not flashinfer_importable():
+    lacking = any(
+        not (install.facts.flashinfer if install.facts.probed else True)
+        for install in installs.values()
+        if install.kind != "attached"
+    )
+    if hardware.gpu_count > 0 and (lacking or not flashinfer_importable()):
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     return env
 
@@ -189,9 +215,12 @@ def plan_servers(
     hardware: Hardware,
     sides: tuple[str, ...] = SIDES,
     copies: int = 1,
+    installs: dict[str, SideInstall] | None = None,
 ) -> LaunchPlan:
     """Build identical argv/env for each server, differing only in what the scenario declares
-    for a side and in where the placement puts it."""
+    for a side (its install among them: probed here unless given) and in where the placement
+    puts it."""
+    installs = installs if installs is not None else resolve_installs(scenario, sides)
     model = scenario.model
     served_model = model.served_name or (f"rig-{model.name}" if model.is_embedded else model.name)
     attached = [side for side in sides if scenario.side(side).url is not None]
@@ -202,8 +231,10 @@ def plan_servers(
     for slot in slots:
         config = scenario.side(slot.side)
         stats_dir = run_dir / "kernel-stats" / slot.label
-        env = shared_env(scenario, hardware)
+        install = installs[slot.side]
+        env = shared_env(scenario, hardware, installs)
         env.update(config.env)
+        env.update(install.env)
         env[STATS_ENV] = str(stats_dir.resolve())
         if config.kernel is not None:
             env[KERNEL_ENV] = config.kernel
@@ -217,7 +248,8 @@ def plan_servers(
             # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(len(launched))))
         port = (config.port + slot.replica) if config.port else free_port()
-        argv = serve_argv(scenario, model_path, served_model, port)
+        prefix, cleanup = container_argv(install, list(env), f"rig-{slot.label}-{port}")
+        argv = [*prefix, *serve_argv(scenario, slot.side, install, model_path, served_model, port)]
         memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
         if memory is not None:
             argv += ["--gpu-memory-utilization", f"{memory:g}"]
@@ -236,6 +268,9 @@ def plan_servers(
             api_key=config.api_key,
             replica=slot.replica,
             devices="attached" if config.url else _devices(slot, hardware),
+            install=install,
+            launcher=prefix,
+            cleanup=cleanup,
         )
         servers[plan.label] = plan
     phases = placement.phases

@@ -149,6 +149,9 @@ class Server:
             # The group may outlive its leader (engine core, worker): always sweep it.
             _signal_group(self.process.pid, signal.SIGKILL)
             self.process.wait()
+            if self.plan.cleanup:  # a container outlives its client
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    subprocess.run(list(self.plan.cleanup), capture_output=True, timeout=60)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

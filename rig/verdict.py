@@ -111,17 +111,21 @@ def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: b
             GateKind.VALIDITY,
         )
     seen = (
-        f"reference ran {ref.kernel} ({ref.calls} calls), "
-        f"candidate ran {cand.kernel} ({cand.calls} calls)"
+        f"candidate ran {cand.kernel} ({cand.calls} calls), "
+        f"reference ran {ref.kernel} ({ref.calls} calls)"
     )
     if is_aa:
         ok = ref.kernel == cand.kernel
         return Gate("candidate kernel active", ok, f"A/A run: {seen}", GateKind.VALIDITY)
+    same = ref.kernel == cand.kernel
     if requested is not None and cand.kernel != requested:
+        why = "the candidate kernel never served" + (
+            " (both sides ran the same kernel)" if same else ""
+        )
         return Gate(
             "candidate kernel active",
             False,
-            f"candidate asked for {requested} but {seen}: the candidate kernel never served",
+            f"candidate asked for {requested} but {seen}: {why}",
             GateKind.VALIDITY,
         )
     if cand.calls <= 0:
@@ -131,14 +135,23 @@ def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: b
             f"{seen}: no prefill call reached it",
             GateKind.VALIDITY,
         )
-    if ref.kernel == cand.kernel:
+    if same:
         return Gate(
             "candidate kernel active",
             False,
-            f"both sides ran the same kernel: {seen}",
+            f"both sides ran the same kernel: {seen} (comparing two vLLM installs or another "
+            "op? set gates.require_candidate_kernel: false or candidate.proof: none)",
             GateKind.VALIDITY,
         )
     return Gate("candidate kernel active", True, seen, GateKind.VALIDITY)
+
+
+def _no_proof_gate(kernels: dict[str, SideKernel], reason: str) -> Gate:
+    """A run that asks for no kernel proof (another op, two vLLM versions) is valid, and says
+    so: its verdict is about the served text, not about which kernel ran."""
+    seen = "; ".join(f"{k.side} ran {k.kernel} ({k.calls} calls)" for k in kernels.values())
+    detail = f"no kernel proof was asked for ({reason})" + (f"; seen: {seen}" if seen else "")
+    return Gate("kernel proof", True, detail, GateKind.VALIDITY)
 
 
 # vLLM's CPU build has one GDN prefill op and ignores the backend asked for.
@@ -171,7 +184,12 @@ def decide(
     aa_pairs: list[PairResult] | None = None,
     aa_drift: list[DriftResult] | None = None,
     reference_backend: str | None = None,
+    proof_not_asked: str | None = None,
+    extra_gates: tuple[Gate, ...] = (),
 ) -> Verdict:
+    """The gates and the word. `requested_kernel`: what the candidate must have run (a kernel's
+    name, or vllm-<backend> for an in-tree backend); `proof_not_asked`: why no kernel proof is
+    asked for (also when gates.require_candidate_kernel is false)."""
     counts = count(pairs, drift, prefix_cache_hits)
     aa_counts = count(aa_pairs, aa_drift or []) if aa_pairs is not None else None
     g = gates_config
@@ -232,15 +250,28 @@ def decide(
                 f"(allowed beyond: {g.allow_near_ties_beyond_aa})",
             )
         )
-    if g.require_candidate_kernel:
+    if proof_not_asked is None and not g.require_candidate_kernel:
+        proof_not_asked = "gates.require_candidate_kernel: false"
+    if proof_not_asked is None:
         gates.append(_kernel_gate(kernels, requested_kernel, is_aa))
+    else:
+        gates.append(_no_proof_gate(kernels, proof_not_asked))
     if reference_backend is not None and kernels:
         gates.append(_reference_backend_gate(kernels, reference_backend, is_aa))
+    gates += extra_gates
     if g.max_perf_regression_pct is not None and deltas is not None and not deltas.empty:
         gates.append(_performance_gate(candidate_rows(deltas), g.max_perf_regression_pct))
     passed = all(gate.passed for gate in gates)
     word = verdict_word(gates, counts, aa_counts)
-    return Verdict(word=word, passed=passed, gates=tuple(gates), counts=counts, aa_counts=aa_counts)
+    notes = (f"No kernel proof was asked for ({proof_not_asked}).",) if proof_not_asked else ()
+    return Verdict(
+        word=word,
+        passed=passed,
+        gates=tuple(gates),
+        counts=counts,
+        aa_counts=aa_counts,
+        notes=notes,
+    )
 
 
 def _performance_gate(deltas: pd.DataFrame, allowed_pct: float) -> Gate:

@@ -6,8 +6,9 @@ import socket
 
 import pytest
 
-import rig.preflight as preflight_module
+import rig.installs as installs_module
 from rig.hardware import Hardware
+from rig.installs import InstallFacts
 from rig.preflight import (
     PreflightError,
     checkpoint_bytes,
@@ -49,9 +50,15 @@ def local_model(tmp_path):
     return folder
 
 
+def own_install(monkeypatch, **facts) -> None:
+    """The rig's own environment as the probe would find it."""
+    found = InstallFacts(**{"python": "/venv/bin/python", "vllm": "0.32.0+cpu", **facts})
+    monkeypatch.setattr(installs_module, "own_facts", lambda: found)
+
+
 @pytest.fixture(autouse=True)
 def supported_vllm(monkeypatch):
-    monkeypatch.setattr(preflight_module, "installed_vllm_version", lambda: "0.32.0+cpu")
+    own_install(monkeypatch, plugin="installed")
 
 
 def test_checkpoint_size_comes_from_the_safetensors_index_else_the_files(local_model):
@@ -133,7 +140,7 @@ def test_one_gpu_is_shared_only_when_the_model_fits_twice(local_model, tmp_path)
 
 
 def test_an_unsupported_vllm_is_named_with_the_other_problems(tmp_path, monkeypatch):
-    monkeypatch.setattr(preflight_module, "installed_vllm_version", lambda: "0.19.0")
+    own_install(monkeypatch, vllm="0.19.0", plugin="installed")
     with pytest.raises(PreflightError) as caught:
         preflight(scenario({"name": "./missing"}), tmp_path, Hardware(gpu_count=0, cpu_ids=(0,)))
     assert "vLLM 0.19.0 is not supported" in str(caught.value)
@@ -150,9 +157,9 @@ def test_a_taken_port_is_found_before_any_server_starts(tmp_path):
 
 
 def test_flashinfer_backend_without_flashinfer_stops(tmp_path, monkeypatch):
-    monkeypatch.setattr(preflight_module, "flashinfer_importable", lambda: False)
+    own_install(monkeypatch, plugin="installed", flashinfer=False)
     wanted = scenario({"name": "org/some-model", "gdn_prefill_backend": "flashinfer"})
-    with pytest.raises(PreflightError, match="flashinfer is not importable"):
+    with pytest.raises(PreflightError, match="flashinfer is asked for, but its install"):
         preflight(wanted, tmp_path, Hardware.assume_gpus(2))
 
 
