@@ -78,6 +78,7 @@ class PrefillStats:
     vllm_backend: str = ""
     requested_backend: str = ""
     server: str = ""
+    seconds: float = 0.0  # time in GDN prefill, with RIG_GDN_TIME=1 (else 0)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -14,6 +14,9 @@ the engine core and every worker, possibly more than once.
                           Unset: the first process makes a private temporary folder and sets
                           it, so the engine core and workers vLLM starts later inherit it.
   RIG_GDN_CAPTURE=dir     save the first RIG_GDN_CAPTURE_N (4) prefill calls per layer.
+  RIG_GDN_TIME=1          also time every prefill call (the device synchronised before and
+                          after it), kept as `seconds` in the stats: the GDN share of a
+                          prefill (benchmarks/gdn_share.py). Off by default: the syncs cost.
 
 CPU build: `vllm._custom_ops.chunk_gated_delta_rule_cpu` is looked up as a module attribute on
 every call, so rebinding it swaps the kernel, compiled mode included. CUDA: an out-of-tree
@@ -28,6 +31,7 @@ import inspect
 import os
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +58,7 @@ from kernels.proof_metrics import (
 from kernels.registry import KernelSpec, UnknownKernelError, resolve_kernel, sha256_of_files
 
 SERVER_ENV = "RIG_GDN_SERVER_ID"  # set by the first process, inherited by the rest of a server
+TIME_ENV = "RIG_GDN_TIME"
 CPU_REFERENCE = reference_kernel_name(CPU_NATIVE)
 CUDA_REFERENCE_UNBUILT = "vllm-cuda-reference"  # until the GDN op is built and names its backend
 CUDA_OP_NAME = "ChunkGatedDeltaRule"
@@ -93,6 +98,8 @@ class PrefillCounter:
     vllm_backend: str = ""
     requested_backend: str = ""
     calls: int = 0
+    seconds: float = 0.0
+    timed: bool = False
     gauges: MultiprocessGauges | None = None
 
     def snapshot(self) -> PrefillStats:
@@ -105,6 +112,7 @@ class PrefillCounter:
             vllm_backend=self.vllm_backend,
             requested_backend=self.requested_backend,
             server=self.server,
+            seconds=self.seconds,
         )
 
     def publish(self) -> None:
@@ -124,6 +132,22 @@ class PrefillCounter:
     def record(self) -> None:
         self.calls += 1
         self.publish()
+
+    def call(self, op: Callable, *args, **kwargs):
+        """Run one prefill call and count it; with RIG_GDN_TIME, time it between two device
+        synchronisations (CPU tensors need none)."""
+        if not self.timed:
+            result = op(*args, **kwargs)
+            self.record()
+            return result
+        synchronize = torch.cuda.synchronize if torch.cuda.is_initialized() else lambda: None
+        synchronize()
+        started = time.perf_counter()
+        result = op(*args, **kwargs)
+        synchronize()
+        self.seconds += time.perf_counter() - started
+        self.record()
+        return result
 
     def built_op(self, kernel: str, vllm_backend: str, requested_backend: str) -> None:
         """The GDN op was built: vLLM chose `vllm_backend` when asked for `requested_backend`."""
@@ -168,6 +192,7 @@ def _new_counter(kernel: str, source_sha256: str, platform: str) -> PrefillCount
         platform=platform,
         stats_dir=_stats_dir(),
         server=os.environ.get(SERVER_ENV, ""),
+        timed=os.environ.get(TIME_ENV, "") == "1",
         gauges=multiprocess_gauges_from_env(),
     )
     _emit_marker(kernel, source_sha256, platform)
@@ -246,9 +271,7 @@ def counted_cpu_op(
             layer = calling_layer_name()
             if capture.wants(layer):
                 capture.save(layer, cpu_op_gdn_inputs(args, kwargs))
-        result = op(*args, **kwargs)
-        counter.record()
-        return result
+        return counter.call(op, *args, **kwargs)
 
     chunk_gated_delta_rule_cpu.rig_counter = counter
     return chunk_gated_delta_rule_cpu
@@ -371,9 +394,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
                     call.get("cu_seqlens"),
                     call.get("use_qk_l2norm_in_kernel", True),
                 )
-            result = self.rig_reference_forward(*args, **kwargs)
-            counter.record()
-            return result
+            return counter.call(self.rig_reference_forward, *args, **kwargs)
 
         def forward_candidate(
             self,
@@ -394,7 +415,8 @@ def install_cuda(spec: KernelSpec | None) -> type:
             self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
             if self.rig_vllm_backend not in FLA_METADATA_BACKENDS:
                 chunk_indices = chunk_offsets = None  # e.g. cutedsl's are not FLA's layout
-            result = candidate(
+            return counter.call(
+                candidate,
                 q,
                 k,
                 v,
@@ -408,8 +430,6 @@ def install_cuda(spec: KernelSpec | None) -> type:
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                 core_attn_out=core_attn_out,
             )
-            counter.record()
-            return result
 
     CustomOp.register_oot(name=CUDA_OP_NAME)(RigChunkGatedDeltaRule)
     return RigChunkGatedDeltaRule

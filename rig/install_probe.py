@@ -88,14 +88,18 @@ def _vllm_location() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _plugin() -> tuple[str | None, str | None]:
-    """Where the rig's plugin entry point is found, and why it does not import (None: it does)."""
+def _plugin(try_import: bool) -> tuple[str | None, str | None]:
+    """Where the rig's plugin entry point is found, and why it does not import (None: it does,
+    or `try_import` is false)."""
     found = [
         ep for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP) if ep.value == PLUGIN_VALUE
     ]
     if not found:
         return None, None
-    where = str(found[0].dist.locate_file("")) if found[0].dist is not None else "?"
+    dist = found[0].dist
+    where = str(Path(dist.locate_file("")).absolute()) if dist is not None else "?"
+    if not try_import:
+        return where, None
     try:
         importlib.import_module(PLUGIN_VALUE.partition(":")[0])
     except Exception as error:  # the plugin's own imports: torch, prometheus_client
@@ -111,7 +115,7 @@ def facts(with_plugin_import: bool = True) -> dict:
     if git["vllm_git_sha"] is None and vllm:
         tag = re.search(r"\+g([0-9a-f]{7,40})", vllm)  # a source build's version names it
         git["vllm_git_sha"] = tag.group(1) if tag else None
-    plugin, plugin_error = _plugin() if with_plugin_import else (None, None)
+    plugin, plugin_error = _plugin(try_import=with_plugin_import)
     return {
         "python": sys.executable,
         "python_version": platform.python_version(),

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from kernels.backends import UnsupportedVllmError, check_vllm_version, parse_vllm_version
@@ -183,8 +183,9 @@ def _probe(python: str, env: dict[str, str], kernel: str | None, only_kernel: bo
 
 @functools.cache
 def own_facts() -> InstallFacts:
-    """The rig's own interpreter, probed in this process (its plugin is installed here)."""
-    return InstallFacts.from_probe(facts(with_plugin_import=False) | {"plugin": "installed"})
+    """The rig's own interpreter, probed in this process (the plugin imports here: this
+    process imports the same modules)."""
+    return InstallFacts.from_probe(facts(with_plugin_import=False))
 
 
 def _needs_kernel_probe(kernel: str | None) -> bool:
@@ -287,8 +288,12 @@ def resolve_install(scenario: Scenario, side: str) -> SideInstall:
         return _command_install(label, config, side)
     kernel = config.kernel if config.proof != "none" else None
     if config.python is None and config.vllm_executable is None:
-        found = own_facts()
-        install = SideInstall(side, "rig", (sys.executable, *ENTRY_MODULE), (), found)
+        found, extra = own_facts(), ()
+        if found.plugin is None:  # a checkout not installed (pip install -e): reach it anyway
+            path = _joined(plugin_path(), os.environ.get("PYTHONPATH"))
+            found = replace(found, plugin=f"PYTHONPATH {PLUGIN_PATH}")
+            extra = (("PYTHONPATH", path),)
+        install = SideInstall(side, "rig", (sys.executable, *ENTRY_MODULE), extra, found)
         _check_probed(install, config, f"{label} (the rig's own environment, {sys.executable})")
         if _needs_kernel_probe(kernel):
             env = _probe_env(scenario, config, own=True)
