@@ -253,6 +253,17 @@ def _file_sha256(function: Callable) -> str:
     return sha256_of_files([Path(inspect.getsourcefile(function))])
 
 
+def vllm_gdn_sources_sha256(op_class: type) -> str:
+    """sha256 of vLLM's own GDN prefill sources: the op's file and the FLA ops it calls, so a
+    vLLM branch that changed FLA's kernel proves another source than stock vLLM."""
+    module = sys.modules[op_class.__module__]
+    fla = getattr(module, "fla_chunk_gated_delta_rule", None)
+    files = [Path(inspect.getsourcefile(op_class))]
+    if fla is not None and inspect.getsourcefile(inspect.unwrap(fla)):
+        files += sorted(Path(inspect.getsourcefile(inspect.unwrap(fla))).parent.glob("*.py"))
+    return sha256_of_files(files)
+
+
 def cpu_op_gdn_inputs(args: tuple, kwargs: dict) -> GdnInputs:
     """GdnInputs of a `chunk_gated_delta_rule_cpu` call, states gathered before the call."""
     from kernels.ns_torch import cpu_op_inputs
@@ -345,7 +356,8 @@ def install_cuda(spec: KernelSpec | None) -> type:
         return op_registry_oot[CUDA_OP_NAME]
     planted = spec is not None and spec.runs_vllm_kernel  # a delay on vLLM's own kernel
     if spec is None:
-        kernel, sha, candidate = CUDA_REFERENCE_UNBUILT, _file_sha256(ChunkGatedDeltaRule), None
+        kernel, sha = CUDA_REFERENCE_UNBUILT, vllm_gdn_sources_sha256(ChunkGatedDeltaRule)
+        candidate = None
     else:
         kernel, sha = spec.name, spec.source_sha256("cuda")
         candidate = None if planted else spec.fla_contract_function()

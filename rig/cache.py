@@ -132,7 +132,12 @@ class GoldenCache:
             records=records,
             sequences=sequences,
             forced=forced,
-            kernel=SideKernel(**meta["kernel"]),
+            kernel=SideKernel(
+                **(
+                    meta["kernel"]
+                    | {"source_sha256": tuple(meta["kernel"].get("source_sha256", ()))}
+                )
+            ),
             timings=meta["timings"],
         )
 

@@ -84,7 +84,8 @@ def side_kernels(
         detail = "; ".join(
             f"{server.label} ({proof.origin}): {proof.describe()}" for server, proof in found
         )
-        kernels[side] = SideKernel(side, kernel, calls, detail)
+        sources = tuple(dict.fromkeys(h for _, proof in found for h in proof.source_sha256))
+        kernels[side] = SideKernel(side, kernel, calls, detail, sources)
     return kernels
 
 

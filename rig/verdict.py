@@ -32,6 +32,14 @@ class SideKernel:
     kernel: str | None
     calls: int
     detail: str = ""
+    source_sha256: tuple[str, ...] = ()  # of the kernel(s) that ran: one name, two sources
+
+    def same_kernel_as(self, other: SideKernel) -> bool:
+        """The same kernel from the same source (a vLLM branch's FLA is not stock FLA)."""
+        sources = bool(self.source_sha256) and bool(other.source_sha256)
+        return self.kernel == other.kernel and (
+            not sources or set(self.source_sha256) == set(other.source_sha256)
+        )
 
 
 class GateKind(StrEnum):
@@ -117,7 +125,7 @@ def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: b
     if is_aa:
         ok = ref.kernel == cand.kernel
         return Gate("candidate kernel active", ok, f"A/A run: {seen}", GateKind.VALIDITY)
-    same = ref.kernel == cand.kernel
+    same = cand.same_kernel_as(ref)
     if requested is not None and cand.kernel != requested:
         why = "the candidate kernel never served" + (
             " (both sides ran the same kernel)" if same else ""
@@ -143,6 +151,9 @@ def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: b
             "op? set gates.require_candidate_kernel: false or candidate.proof: none)",
             GateKind.VALIDITY,
         )
+    if ref.kernel == cand.kernel:
+        hashes = (", ".join(h[:12] for h in k.source_sha256) for k in (cand, ref))
+        seen += ", from other sources (candidate {}, reference {})".format(*hashes)
     return Gate("candidate kernel active", True, seen, GateKind.VALIDITY)
 
 

@@ -47,7 +47,11 @@ def test_side_kernels_join_a_sides_servers_and_take_a_cached_reference(tmp_path,
     proofs = {"reference": proof("vllm-cpu-native", 5)}
     kernels = side_kernels(ctx.plan, proofs, None)
     assert kernels["reference"] == SideKernel(
-        "reference", "vllm-cpu-native", 5, "reference (metrics): " + proofs["reference"].describe()
+        "reference",
+        "vllm-cpu-native",
+        5,
+        "reference (metrics): " + proofs["reference"].describe(),
+        proofs["reference"].source_sha256,
     )
     assert (kernels["candidate"].kernel, kernels["candidate"].calls) == ("ns4", 7)  # from its log
     cached = SideKernel("reference", "vllm-triton", 99, "cached")

@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -449,3 +450,18 @@ def test_performance_gate_reads_only_the_candidate_rows():
     )
     result = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=5))
     assert gate(result, "performance").passed
+
+
+def test_one_kernel_name_from_two_sources_is_a_candidate_of_its_own():
+    """A vLLM branch that changed FLA's kernel runs `vllm-triton` from another source."""
+    stock = SideKernel("reference", "vllm-triton", 12, source_sha256=("aaaa",))
+    branch = SideKernel("candidate", "vllm-triton", 12, source_sha256=("bbbb",))
+    result = verdict(
+        identical(3), kernels={"reference": stock, "candidate": branch}, requested=None
+    )
+    kernel_gate = gate(result, "candidate kernel active")
+    assert kernel_gate.passed and "from other sources (candidate bbbb, reference aaaa)" in (
+        kernel_gate.detail
+    )
+    same = {"reference": stock, "candidate": replace(branch, source_sha256=("aaaa",))}
+    assert verdict(identical(3), kernels=same, requested=None).word == "INVALID"
