@@ -355,6 +355,12 @@ def render_junit(outcome: RunOutcome) -> bytes:
             + len(outcome.verdict.failed_gates)
         ),
     )
+    properties = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("verdict", outcome.verdict.word),
+        ("exit_code", str(int(outcome.verdict.exit_code(outcome.error)))),
+    ):
+        ET.SubElement(properties, "property", name=name, value=value)
     for gate in outcome.verdict.gates:
         case = ET.SubElement(suite, "testcase", classname="rig.gates", name=gate.name)
         if not gate.passed:
@@ -444,6 +450,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
         kernels={side: asdict(k) for side, k in outcome.kernels.items()},
         timings=outcome.timings,
         error=outcome.error,
+        exit_code=int(outcome.verdict.exit_code(outcome.error)),
     )
     paths["manifest.json"].write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
     return paths

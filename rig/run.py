@@ -1,8 +1,10 @@
 """`python -m rig.run SCENARIO [--set key=value ...]`: the whole pipeline, and its exit code.
 
 scenario -> servers -> load (paired, level by level) -> drift (teacher-forced, untimed)
--> compare -> metrics -> report. Exit 0 only when every gate holds; 1 when a gate fails;
-2 when the run could not be made (bad input, a server that would not start).
+-> compare -> metrics -> report. Exit 0 only when every gate holds; 1 when the candidate is
+NOT equivalent or a gate on it fails; 2 when the run could not be made (bad input, a server
+that would not start); 3 when the comparison is INVALID (no kernel proof, the wrong reference
+backend, prefix-cache hits).
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ from rig.run_state import (
 from rig.scenario import Scenario, ScenarioError, load_scenario
 from rig.server_plan import LaunchPlan
 from rig.servers import ServerError, ServerSet
-from rig.verdict import SideKernel
+from rig.verdict import ExitCode, SideKernel
 from rig.workload import WorkloadError, resolve_prompts
 
-EXIT_PASS, EXIT_GATE_FAILED, EXIT_ERROR = 0, 1, 2
+EXIT_PASS, EXIT_ERROR = ExitCode.PASS, ExitCode.ERROR
 REPORT_NOTICE = "rig: interrupted while the report is written: finishing it (again to stop at once)"
 
 
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if error is not None:
         print(f"rig: error: {error}", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_PASS if outcome.verdict.passed else EXIT_GATE_FAILED
+    return outcome.verdict.exit_code()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 import pandas as pd
 
@@ -50,6 +50,15 @@ class GateKind(StrEnum):
     PERFORMANCE = "performance"  # fails the run, leaves the word alone
 
 
+class ExitCode(IntEnum):
+    """What `python -m rig.run` exits with, so CI tells a broken setup from a broken kernel."""
+
+    PASS = 0  # every gate holds
+    FAILED = 1  # NOT equivalent, or a gate on the candidate failed (performance)
+    ERROR = 2  # the run could not be made (bad input, a server that would not start or died)
+    INVALID = 3  # the comparison is not valid (no kernel proof, wrong reference, cache hits)
+
+
 @dataclass(frozen=True)
 class Gate:
     name: str
@@ -84,6 +93,14 @@ class Verdict:
     @property
     def failed_gates(self) -> list[Gate]:
         return [gate for gate in self.gates if not gate.passed]
+
+    def exit_code(self, error: str | None = None) -> ExitCode:
+        """The run's exit code: 2 when it did not complete, else what the verdict says."""
+        if error is not None:
+            return ExitCode.ERROR
+        if self.passed:
+            return ExitCode.PASS
+        return ExitCode.INVALID if self.word == "INVALID" else ExitCode.FAILED
 
 
 def count(

@@ -169,7 +169,7 @@ def test_each_transport_fault_is_a_record_of_its_kind(transport_faults, index):
 
 def test_transport_faults_keep_every_record_and_fail_the_pathologies_gate(transport_faults):
     run = transport_faults
-    assert run.returncode == 1, run.stderr[-2000:]  # the run was made; a gate failed
+    assert run.returncode == 3, run.stderr[-2000:]  # made; a stub proves no kernel: INVALID
     assert run.error_lines() == [] and "Traceback" not in run.stderr
     keys = Counter((r["side"], r["request_id"]) for r in run.records())
     assert len(keys) == 16 and set(keys.values()) == {1}
@@ -262,7 +262,7 @@ def test_an_interrupted_level_compares_the_pairs_that_finished(interrupted):
 
 def test_resume_after_an_interrupt_has_every_record_once(interrupted):
     run = interrupted.resumed
-    assert run.returncode == 1, run.stderr[-2000:]  # completed; attached runs are INVALID
+    assert run.returncode == 3, run.stderr[-2000:]  # completed; attached stubs are INVALID
     assert "1 finished level(s) kept" in run.stdout
     keys = Counter((r["side"], r["level"], r["request_id"]) for r in run.records())
     assert len(keys) == 2 * len(LEVELS) * PER_LEVEL and set(keys.values()) == {1}
@@ -333,7 +333,7 @@ def test_an_interrupted_replay_keeps_every_record_and_compares_every_pair(interr
 
 def test_resume_after_an_interrupted_replay_replays_and_keeps_the_records(interrupted_replay):
     run = interrupted_replay.resumed
-    assert run.returncode == 1, run.stderr[-2000:]  # completed; attached runs are INVALID
+    assert run.returncode == 3, run.stderr[-2000:]  # completed; attached stubs are INVALID
     assert "1 finished level(s) kept (8 records)" in run.stdout
     assert run.records() == interrupted_replay.records_then
     drift = _verdict_gates(run)["teacher-forced drift"]
@@ -372,7 +372,7 @@ def interrupted_report(request, tmp_path_factory) -> InterruptedPhase:
 
 def test_an_interrupt_while_the_report_is_written_finishes_the_report(interrupted_report):
     run = interrupted_report.interrupted
-    assert run.returncode == 1, run.stderr[-2000:]  # the verdict's code: nothing was cut short
+    assert run.returncode == 3, run.stderr[-2000:]  # the verdict's (INVALID): nothing cut short
     assert run.error_lines() == [] and "Traceback" not in run.stderr
     assert "rig: interrupted while the report is written: finishing it" in run.stdout
     assert run.read("report.html").rstrip().endswith("</html>")
@@ -389,7 +389,7 @@ def test_an_interrupt_while_the_report_is_written_loses_no_record(interrupted_re
 
 def test_resume_after_an_interrupted_report_keeps_every_record(interrupted_report):
     run = interrupted_report.resumed
-    assert run.returncode == 1, run.stderr[-2000:]
+    assert run.returncode == 3, run.stderr[-2000:]
     assert run.records() == interrupted_report.records_then
     assert run.manifest()["verdict"] == interrupted_report.verdict_then
     assert run.left_in_group == ()
@@ -411,7 +411,7 @@ def test_a_second_interrupt_while_the_report_is_written_stops_it_and_keeps_no_re
         records = run.records()
         assert len(records) == 8 and all(r["error"] is None for r in records)
         resumed = start(scenario, "twice", "--resume").finish()
-    assert resumed.returncode == 1, resumed.stderr[-2000:]
+    assert resumed.returncode == 3, resumed.stderr[-2000:]
     assert resumed.records() == records
     assert all((resumed.run_dir / name).exists() for name in REPORT_FILES)
     assert resumed.left_in_group == ()

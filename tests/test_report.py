@@ -197,6 +197,16 @@ def test_junit_has_one_testcase_per_pair_and_per_gate(outcome, written):
     assert int(suite.get("tests")) == len(cases) == 5 + len(outcome.verdict.gates)
 
 
+def test_junit_manifest_and_exit_code_agree(outcome, written):
+    suite, _ = junit_cases(written["junit.xml"])
+    properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    manifest = json.loads(written["manifest.json"].read_text())
+    expected = int(outcome.verdict.exit_code(outcome.error))
+    assert properties == {"verdict": outcome.verdict.word, "exit_code": str(expected)}
+    assert manifest["exit_code"] == expected
+    assert manifest["verdict"]["word"] == outcome.verdict.word
+
+
 def test_junit_failures_where_expected(outcome, written):
     suite, cases = junit_cases(written["junit.xml"])
     failed = {key for key, case in cases.items() if case.find("failure") is not None}

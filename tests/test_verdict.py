@@ -7,7 +7,7 @@ import pytest
 from rig.compare import Divergence, PairResult, Pathology
 from rig.drift import DriftResult
 from rig.scenario import GatesConfig
-from rig.verdict import Gate, GateKind, SideKernel, count, decide, verdict_word
+from rig.verdict import ExitCode, Gate, GateKind, SideKernel, count, decide, verdict_word
 
 KERNELS = {
     "reference": SideKernel("reference", "fla", 12),
@@ -465,3 +465,11 @@ def test_one_kernel_name_from_two_sources_is_a_candidate_of_its_own():
     )
     same = {"reference": stock, "candidate": replace(branch, source_sha256=("aaaa",))}
     assert verdict(identical(3), kernels=same, requested=None).word == "INVALID"
+
+
+def test_exit_codes_tell_a_broken_setup_from_a_broken_kernel():
+    assert verdict(identical(3)).exit_code() == ExitCode.PASS == 0
+    assert verdict([pair("s", "substantive")]).exit_code() == ExitCode.FAILED == 1
+    invalid = verdict(identical(3), hits=2.0)
+    assert invalid.word == "INVALID" and invalid.exit_code() == ExitCode.INVALID == 3
+    assert invalid.exit_code("the candidate server died") == ExitCode.ERROR == 2

@@ -103,7 +103,7 @@ def test_an_in_tree_backend_the_cpu_build_ignores_is_invalid(run_rig):
         "candidate.gdn_prefill_backend=cutedsl",
         name="cutedsl",
     )
-    assert run.returncode == 1, served(run)
+    assert run.returncode == 3, served(run)
     assert run.manifest()["verdict"]["word"] == "INVALID"
     gate = run.gate("candidate kernel active")
     assert not gate["passed"]
