@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -106,6 +107,7 @@ class GoldenEntry:
     forced: dict[int, ForcedLogprobs]  # by index into sequences: every one, with its top-k
     kernel: SideKernel
     timings: dict[str, float]
+    stored_at: str | None = None  # when it was stored (UTC), for the report's "not comparable"
 
 
 class GoldenCache:
@@ -139,6 +141,7 @@ class GoldenCache:
                 )
             ),
             timings=meta["timings"],
+            stored_at=meta.get("stored_at"),
         )
 
     def store(self, key: str, fields: dict, entry: GoldenEntry) -> Path:
@@ -157,6 +160,7 @@ class GoldenCache:
             "forced": [{"index": i, **f.to_json()} for i, f in sorted(entry.forced.items())],
             "kernel": asdict(entry.kernel),
             "timings": entry.timings,
+            "stored_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }
         (staging / "entry.json").write_text(json.dumps(meta), encoding="utf-8")
         shutil.rmtree(folder, ignore_errors=True)

@@ -24,9 +24,10 @@ from rig.metrics import bench_results, request_frame, summary_frame
 from rig.perf import AA, candidate_rows, perf_frame
 from rig.records import CompletionKey, RequestRecord, TokenLogprob
 from rig.report_format import DASH, check, missing, number
-from rig.report_html import render_html
+from rig.report_html import headline_texts, render_html
 from rig.report_mismatches import Decode, mismatch_order
 from rig.server_logs import JIT_COMPILE
+from rig.speed import SpeedDesign
 from rig.verdict import SideKernel, Verdict
 
 REPORT_FILES = (
@@ -88,6 +89,9 @@ class RunOutcome:
     perf: pd.DataFrame | None = None  # rig.perf.perf_frame, with the A/A floor when it ran
     error: str | None = None
     prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
+    speed: SpeedDesign = field(default_factory=lambda: SpeedDesign(True))
+    comparison: str = ""  # "A/A: ..." for a reference against itself
+    reference_source: str = ""  # where the reference's results came from, when not this run
     # Each side's teacher-forced replay along the reference completions (rig.drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
 
@@ -134,10 +138,12 @@ def _clip(line: str, limit: int = LINE_LIMIT) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _verdict_lines(verdict: Verdict) -> list[str]:
+def _verdict_lines(verdict: Verdict, headline: list[str] = ()) -> list[str]:
     c = verdict.counts
     lines = [
         f"**Verdict: {verdict.word}** — {'PASS' if verdict.passed else 'FAIL'}",
+        "",
+        *(f"{line}  " for line in headline),
         "",
         f"{c.pairs} pairs: {c.identical} identical, {c.near_tie} near-tie, "
         f"{c.substantive} substantive divergences; {c.pathologies} pathologies; "
@@ -240,7 +246,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
         first, *more = outcome.error.strip().splitlines() or [""]
         rest = f" (+{len(more)} lines in manifest.json)" if more else ""
         head += [_clip(f"**Run error:** {_md_text(first)}") + rest, ""]
-    head += _verdict_lines(outcome.verdict)
+    head += _verdict_lines(outcome.verdict, [_md_text(t) for t in headline_texts(outcome)])
     kernels = ", ".join(
         f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
     )

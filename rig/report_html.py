@@ -21,6 +21,7 @@ from rig.report_format import cell, check, esc, number, table
 from rig.report_levels import levels_section
 from rig.report_mismatches import Decode, mismatches_section
 from rig.report_plots import drift_figure, margin_figure, side_margins
+from rig.speed import speed_headline
 
 # --- verdict, gates, A/A floor, proofs -----------------------------------------------------
 
@@ -29,6 +30,13 @@ def _verdict_class(word: str, passed: bool) -> str:
     if word == "INVALID":
         return "invalid"
     return "pass" if passed else "fail"
+
+
+def headline_texts(outcome) -> list[str]:
+    """The speed line, the kind of comparison, the reference's source: under the word."""
+    deltas = outcome.perf if outcome.perf is not None else pd.DataFrame()
+    texts = [speed_headline(deltas, outcome.speed), outcome.comparison, outcome.reference_source]
+    return [text for text in texts if text]
 
 
 def verdict_section(outcome) -> str:
@@ -45,6 +53,7 @@ def verdict_section(outcome) -> str:
     ]
     if outcome.error:
         lines.append(f'<p class="error">Run error: {esc(outcome.error)}</p>')
+    lines += [f'<p class="headline">{esc(line)}</p>' for line in headline_texts(outcome)]
     lines += [f"<p>{esc(note)}</p>" for note in verdict.notes]
     lines.append("</header>")
     rows = [

@@ -117,7 +117,9 @@ class Runner:
         )
 
     def outcome(self, error: str | None) -> RunOutcome:
-        return build_outcome(self.ctx, self.state, self.kernels, error)
+        return build_outcome(
+            self.ctx, self.state, self.kernels, error, self.golden.entry, self.golden.key
+        )
 
 
 def _check_resumable(run_dir: Path, scenario: Scenario) -> None:

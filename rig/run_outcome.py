@@ -20,6 +20,7 @@ from rig.run_state import RunContext, RunState, finished
 from rig.scenario import SIDES, Scenario
 from rig.server_logs import ADVISORY_LOG_KINDS
 from rig.server_plan import LaunchPlan
+from rig.speed import apply_design, speed_design
 from rig.verdict import Gate, GateKind, SideKernel, Verdict, decide
 
 SERVING_KEYS = (
@@ -160,10 +161,20 @@ def failed_verdict(verdict: Verdict, error: str) -> Verdict:
 
 
 def build_outcome(
-    ctx: RunContext, state: RunState, kernels: dict[str, SideKernel], error: str | None
+    ctx: RunContext,
+    state: RunState,
+    kernels: dict[str, SideKernel],
+    error: str | None,
+    golden: GoldenEntry | None = None,
+    golden_key: str = "",
 ) -> RunOutcome:
     """Compare the finished pairs, decide the verdict, gather what the report shows."""
     scenario = ctx.scenario
+    speed = speed_design(
+        scenario.workload.repeats,
+        golden.source_run if golden is not None else None,
+        golden.stored_at if golden is not None else None,
+    )
     finished_records = [r for r in state.records if finished(r)]
     reference = [r for r in finished_records if r.side == "reference"]
     candidate = [r for r in finished_records if r.side == "candidate"]
@@ -193,11 +204,15 @@ def build_outcome(
         )
         aa_drift = side_drift(state, AA_SIDE)
     hits = sum(p.hits for p in state.prefix_cache)
-    perf = perf_frame(
-        state.records,
-        state.aa_records,
-        aa_concurrency(scenario),
-        planted_delay(scenario.candidate.kernel, ctx.plan, state.prefix_cache),
+    perf = apply_design(
+        perf_frame(
+            state.records,
+            state.aa_records,
+            aa_concurrency(scenario),
+            planted_delay(scenario.candidate.kernel, ctx.plan, state.prefix_cache),
+            confidence=speed.interval_confidence(len(scenario.workload.concurrency)),
+        ),
+        speed,
     )
     verdict = decide(
         scenario.gates,
@@ -246,4 +261,12 @@ def build_outcome(
         error=error,
         prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
         replayed={side: replayed[side] for side in SIDES if side in replayed},
+        speed=speed,
+        comparison="A/A run: the reference against itself" if is_aa_run(scenario) else "",
+        reference_source=(
+            f"Reference from the golden cache: run {golden.source_run}, stored "
+            f"{golden.stored_at or 'at an unknown time'}, key {golden_key}"
+            if golden is not None
+            else ""
+        ),
     )
