@@ -70,6 +70,9 @@ test-gpu: venv
 tiny-model: venv
 	$(PY) -m rig.tiny_model $(or $(OUT),.cache/tiny-model)
 
+tiny-qwen35: venv
+	$(PY) -m rig.tiny_qwen35 $(or $(OUT),.cache/tiny-qwen35)
+
 tiny-lm: venv
 	$(PY) -m rig.tiny_lm $(or $(OUT),.cache/tiny-lm)
 

@@ -172,8 +172,8 @@ def _cell_md(value: object) -> str:
 
 
 def delta_md(row: pd.Series, metric: str) -> str:
-    """Candidate - reference in percent, its 95% interval and the word (faster, slower, within
-    noise), e.g. `+12.0 % [+9.1, +15.2] slower`."""
+    """Candidate - reference in percent, its interval and the word (faster, slower, within
+    noise, or why there is none), e.g. `+12.0 % [+9.1, +15.2] slower`."""
     value = row.get(f"{metric}_change_pct")
     if missing(value):
         return DASH
@@ -188,7 +188,7 @@ def _level_lines(table: pd.DataFrame) -> list[str]:
     """One Markdown row per level and side."""
     header = [
         "| level | side | ok | identical | TTFT mean | E2EL mean | total tok/s "
-        "| TTFT cand−ref [95% CI] | E2EL cand−ref | tok/s cand−ref |",
+        "| TTFT cand−ref [CI] | E2EL cand−ref | tok/s cand−ref |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows = []

@@ -32,6 +32,21 @@ def _verdict_class(word: str, passed: bool) -> str:
     return "pass" if passed else "fail"
 
 
+def navigation(outcome) -> str:
+    """Links to the page's sections, in their order: a reviewer jumps to the mismatches."""
+    mismatched = sum(1 for p in outcome.pairs if not p.identical)
+    links = [
+        ("gates", f"Gates ({len(outcome.verdict.failed_gates)} failed)"),
+        ("mismatches", f"Mismatches ({mismatched:,})"),
+        ("levels", "Performance"),
+        ("drift", "Drift"),
+        ("evidence", "Kernel proof"),
+        ("facts", "Run facts"),
+    ]
+    items = " · ".join(f'<a href="#{anchor}">{esc(text)}</a>' for anchor, text in links)
+    return f'<nav id="top" class="sections">{items}</nav>'
+
+
 def headline_texts(outcome) -> list[str]:
     """The speed line, the kind of comparison, the reference's source: under the word."""
     deltas = outcome.perf if outcome.perf is not None else pd.DataFrame()
@@ -280,13 +295,14 @@ def render_html(
             f"<title>rig {esc(outcome.run_id)}: {esc(outcome.verdict.word)}</title>",
             f"<style>{STYLE}</style></head><body>",
             f"<h1>rig: {esc(outcome.scenario_name)} <small>({esc(outcome.run_id)})</small></h1>",
+            navigation(outcome),
             verdict_section(outcome),
-            floor_section(outcome),
-            evidence_section(outcome),
+            mismatches_section(outcome, decode),
             levels_section(outcome, summary, deltas),
             drift_section(outcome),
+            floor_section(outcome),
+            evidence_section(outcome),
             faults_section(outcome),
-            mismatches_section(outcome, decode),
             facts_section(outcome),
             f"<script>{SCRIPT}</script>",
             "</body></html>",

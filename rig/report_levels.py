@@ -8,7 +8,8 @@ import pandas as pd
 
 from rig.records import RequestRecord
 from rig.report_format import DASH, cell, esc, missing, number, table
-from rig.report_plots import level_figure
+from rig.report_plots import curve_figure, level_figure
+from rig.speed import HEADLINE_METRICS
 
 # (column of summary.csv, header, unit) of the per-level table
 LEVEL_COLUMNS = (
@@ -94,6 +95,30 @@ def delta_table(deltas: pd.DataFrame) -> str:
     return table(["level", "compared", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
 
 
+def _interval_note(outcome, deltas: pd.DataFrame) -> str:
+    """What the words and intervals mean in this run (rig/speed.py's design)."""
+    speed = outcome.speed
+    if not speed.measured:
+        return f"No speed word: {speed.reason}."
+    levels = int(deltas["level"].nunique())
+    return (
+        f"Words ({', '.join(HEADLINE_METRICS)}) at {speed.describe(levels)}: an interval that "
+        "includes no change is within noise; the other metrics are shown, not judged."
+    )
+
+
+def _curve_points(summary: pd.DataFrame) -> dict[str, list[tuple[int, float, float, float]]]:
+    means = summary.groupby(["side", "level"])[
+        ["total_token_throughput", "mean_ttft_ms", "mean_e2el_ms"]
+    ].mean()
+    points: dict[str, list[tuple[int, float, float, float]]] = {}
+    for (side, level), row in means.iterrows():
+        values = (row["total_token_throughput"], row["mean_ttft_ms"], row["mean_e2el_ms"])
+        if all(pd.notna(v) for v in values):
+            points.setdefault(side, []).append((int(level), *(float(v) for v in values)))
+    return points
+
+
 def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
     parts = ['<section id="levels"><h2>Per level</h2>']
     if summary.empty:
@@ -103,18 +128,12 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
         parts += [
             "<h3>Candidate against reference</h3>",
             "<p>Change = candidate − reference, in percent of the reference (a positive "
-            "latency change is slower, a positive throughput change faster), with its 95% "
-            "interval [low, high]: Student's t over the repeats' ratios with two or more "
-            "repeats, a paired bootstrap over requests with one. An interval that "
-            "includes no change is <em>within noise</em>; the A/A row (the reference server "
-            "replaying a level's requests) is what identical kernels measure"
-            + (
-                "."
-                if int(deltas["repeats"].max()) >= 2
-                else "; a single run's interval covers only request-to-request variation "
-                "(<code>workload.repeats: 3</code> adds the run-to-run part)."
-            )
-            + "</p>",
+            "latency change is slower, a positive throughput change faster), with its interval "
+            "[low, high]: Student's t over the repeats' ratios with two or more repeats, a "
+            "paired bootstrap over requests with one. "
+            + esc(_interval_note(outcome, deltas))
+            + " The A/A row (the reference server replaying a level's requests) is what "
+            "identical kernels measure.</p>",
             delta_table(deltas),
         ]
     rows = [
@@ -125,6 +144,14 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
         f"{name} ({unit})" for _, name, unit in LEVEL_COLUMNS
     ]
     parts += ["<h3>Latency and throughput</h3>", table(headers, rows)]
+    curve = curve_figure(_curve_points(summary))
+    if curve:
+        parts.append(
+            f'<figure><img alt="throughput against latency across the levels" '
+            f'src="data:image/png;base64,{curve}"><figcaption>Mean TTFT and E2EL against total '
+            "throughput at each client concurrency (the mean over repeats), both sides: a "
+            "faster side sits lower or further right.</figcaption></figure>"
+        )
     by_level: dict[int, dict[str, list[RequestRecord]]] = {}
     for record in outcome.records:
         if not record.warmup:

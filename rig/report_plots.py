@@ -121,11 +121,16 @@ def drift_figure(
         ),
     )
     for axis, (title, attribute, gate) in zip(axes, panels, strict=True):
+        drawn = False
         for side, results in measured.items():
             values = [getattr(d, attribute) for d in results]
-            if values:
+            if values and any(v > 0 for v in values if math.isfinite(v)):
                 x, y = _cdf(values)
                 axis.step(x, y, where="post", color=SIDE_COLOURS[side], label=side, linewidth=1.4)
+                drawn = True
+        if not drawn:  # every sequence exactly 0: a log axis would show nothing at all
+            axis.text(0.5, 0.5, "no drift: every sequence 0", ha="center", va="center",
+                      transform=axis.transAxes, fontsize=11)  # fmt: skip
         if thresholds.get(gate) is not None:
             axis.axvline(
                 thresholds[gate], color="#000000", linestyle="--", linewidth=1, label="gate"
@@ -136,7 +141,35 @@ def drift_figure(
         axis.set_title(title + " (nats), CDF", fontsize=9)
         axis.grid(alpha=0.3)
         axis.tick_params(labelsize=8)
-        axis.legend(fontsize=8, loc="lower right")
+        if drawn:
+            axis.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    return _png(figure)
+
+
+def curve_figure(points: dict[str, list[tuple[int, float, float, float]]]) -> str | None:
+    """Throughput against latency across the levels, one line per side through its points
+    (concurrency, total tok/s, mean TTFT ms, mean E2EL ms), each marked with its C: the
+    seeds' end-to-end table as a picture. None with fewer than one point per side."""
+    if not any(points.values()):
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(1, 2, figsize=(12.4, 3.0))
+    for axis, column, name in ((axes[0], 2, "mean TTFT"), (axes[1], 3, "mean E2EL")):
+        for side, rows in points.items():
+            ordered = sorted(rows)
+            x = [row[1] for row in ordered]
+            y = [row[column] for row in ordered]
+            colour = SIDE_COLOURS.get(side, "#333333")
+            axis.plot(x, y, marker="o", color=colour, label=side, linewidth=1.4)
+            for row in ordered:
+                axis.annotate(f"C{row[0]}", (row[1], row[column]), fontsize=7,
+                              textcoords="offset points", xytext=(4, 4))  # fmt: skip
+        axis.set_xlabel("total tok/s", fontsize=8)
+        axis.set_title(f"{name} (ms) against throughput", fontsize=9)
+        axis.grid(alpha=0.3)
+        axis.tick_params(labelsize=8)
+        axis.legend(fontsize=8, loc="upper left")
     figure.tight_layout()
     return _png(figure)
 

@@ -28,7 +28,7 @@ from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"
 # built locally by rig.tiny_lm.ensure_embedded_model
-EMBEDDED_MODELS = (TINY_MODEL, "tiny-lm", "tiny-gdn")
+EMBEDDED_MODELS = (TINY_MODEL, "tiny-lm", "tiny-gdn", "tiny-qwen35")
 SIDES = ("reference", "candidate")
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "presets"
 GdnBackend = Literal["triton", "flashinfer", "cutedsl"]
@@ -76,7 +76,8 @@ class ModelConfig(_Served):
 
     name: str = Field(
         TINY_MODEL,
-        description="HF id, local path, 'tiny', 'tiny-lm' or 'tiny-gdn' (the embedded models)",
+        description="HF id, local path, or an embedded model: 'tiny', 'tiny-lm', 'tiny-gdn', "
+        "'tiny-qwen35'",
     )
     preset: str | None = Field(None, description="set by the rig: the preset the name resolved to")
     served_name: str | None = None

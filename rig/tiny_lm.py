@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from rig import tiny_model
+from rig import tiny_model, tiny_qwen35
 from rig.checkpoint import (
     SPECIAL_TOKENS,
     ensure_built,
@@ -337,6 +337,7 @@ EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {
     "tiny": tiny_model.ensure_tiny_model,
     "tiny-lm": ensure_tiny_lm,
     "tiny-gdn": tiny_model.ensure_tiny_gdn_model,
+    "tiny-qwen35": tiny_qwen35.ensure_tiny_qwen35_model,
 }
 
 

@@ -172,11 +172,18 @@ def test_html_marks_the_first_differing_character(written):
     assert "The answer is <mark>&lt;</mark>script&gt;" in page
 
 
-def test_html_leads_with_the_verdict(outcome, written):
+def test_html_leads_with_the_verdict_then_gates_mismatches_performance_drift(outcome, written):
     page = written["report.html"].read_text(encoding="utf-8")
     heading = f"{outcome.verdict.word} — {'PASS' if outcome.verdict.passed else 'FAIL'}"
     assert heading in page
-    assert page.index(heading) < page.index("Gates")
+    order = [page.index(heading)] + [
+        page.index(f'<section id="{name}"') for name in ("gates", "mismatches", "levels", "drift")
+    ]
+    assert order == sorted(order)
+    nav = page[page.index('<nav id="top"') : page.index("</nav>")]
+    for anchor in ("#gates", "#mismatches", "#levels", "#drift"):
+        assert f'href="{anchor}"' in nav
+    assert 'class="headline">speed:' in page
 
 
 # --- JUnit -------------------------------------------------------------------------------------

@@ -55,6 +55,13 @@ CHECK_SCRIPT = """
   r.bidiInPage = bidi.test(document.body.textContent);
   r.resources = performance.getEntriesByType("resource").map(function (e) { return e.name; })
     .filter(function (name) { return !name.startsWith("data:"); });
+  r.sectionTops = ["verdict", "gates", "mismatches", "levels", "drift"].map(function (id) {
+    return document.getElementById(id).getBoundingClientRect().top + window.scrollY;
+  });
+  r.navLinks = Array.from(document.querySelectorAll("nav#top a")).map(function (a) {
+    return a.getAttribute("href");
+  });
+  r.headline = document.querySelector("#verdict .headline").textContent;
   r.innerWidth = window.innerWidth;
   r.scrollWidth = document.documentElement.scrollWidth;
   r.tooWide = Array.from(document.querySelectorAll("body *")).filter(function (el) {
@@ -119,6 +126,17 @@ def test_verdict_and_every_gate_are_visible(report, seen):
     expected = [[f"{'✓ pass' if g.passed else '✗ FAIL'}", g.name] for g in outcome.verdict.gates]
     assert seen["gates"] == expected
     assert any(row[0] == "✗ FAIL" for row in seen["gates"])
+
+
+def test_the_page_reads_headline_gates_mismatches_performance_drift(seen):
+    """In Chromium's layout, top to bottom: the verdict with its speed line, the gates, the
+    mismatch cards (within the first screens, not thousands of px down), then performance
+    and drift; the navigation at the top links each."""
+    tops = seen["sectionTops"]
+    assert tops == sorted(tops), tops
+    assert tops[2] < 1600, tops  # the mismatches start on the second screen at the latest
+    assert seen["navLinks"][:4] == ["#gates", "#mismatches", "#levels", "#drift"]
+    assert seen["headline"].startswith("speed: ")
 
 
 def test_the_divergent_tokens_are_highlighted(seen):
