@@ -12,11 +12,14 @@ TTFT); a reference from the golden cache was measured at another time, on anothe
 
 from __future__ import annotations
 
+import argparse
+import math
+import sys
 from dataclasses import dataclass
 
 import pandas as pd
 
-from rig.perf import CANDIDATE, FASTER, NOISE, PERF_METRICS, SLOWER
+from rig.perf import CANDIDATE, FASTER, NOISE, PERF_METRICS, SLOWER, t_quantile
 
 # The metrics that get a word, and so make up the family: latency at first token, per token
 # and end to end, and the throughput of the whole level. The others are shown, not judged.
@@ -115,3 +118,44 @@ def speed_headline(frame: pd.DataFrame, design: SpeedDesign) -> str:
         return "speed: n/a (no level finished on both sides)"
     parts = [_metric_headline(rows, metric) for metric in METRIC_NAMES]
     return f"speed: {'; '.join(parts)} ({design.describe(len(rows))})"
+
+
+def repeats_for(
+    effect_pct: float,
+    spread_pct: float,
+    levels: int,
+    family_confidence: float = FAMILY_CONFIDENCE,
+    most: int = 100,
+) -> int | None:
+    """The fewest repeats whose family-wise interval (Student's t on log ratios) is narrower,
+    either side of the point, than `effect_pct`, when one repeat's ratio varies by
+    `spread_pct` (its standard deviation, in percent): a change that size then gets a word.
+    None when even `most` repeats are not enough."""
+    design = SpeedDesign(True, family_confidence=family_confidence)
+    quantile_at = 1 - (1 - design.interval_confidence(levels)) / 2
+    spread, effect = math.log1p(spread_pct / 100), math.log1p(effect_pct / 100)
+    for repeats in range(2, most + 1):
+        if t_quantile(quantile_at, repeats - 1) * spread / math.sqrt(repeats) < effect:
+            return repeats
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rig.speed", description="repeats a scenario needs for a speed word"
+    )
+    parser.add_argument("--effect", type=float, default=8.0, help="change to resolve, %%")
+    parser.add_argument("--spread", type=float, required=True, help="one repeat's sd, %%")
+    parser.add_argument("--levels", type=int, required=True)
+    args = parser.parse_args(argv)
+    repeats = repeats_for(args.effect, args.spread, args.levels)
+    design = SpeedDesign(True)
+    print(
+        f"{repeats or 'more than 100'} repeats resolve a {args.effect:g}% change at a per-repeat "
+        f"spread of {args.spread:g}% ({design.describe(args.levels)})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ from rig.speed import (
     NOT_JUDGED,
     SpeedDesign,
     apply_design,
+    repeats_for,
     speed_design,
     speed_headline,
 )
@@ -111,3 +112,11 @@ def test_an_aa_run_calls_nothing_faster_or_slower_at_the_stated_rate(make_record
         detected += planted.iloc[0]["mean_ttft_ms_word"] == SLOWER
     assert runs_with_a_word <= 0.07 * trials, runs_with_a_word
     assert detected >= 0.35 * trials, detected
+
+
+def test_the_repeats_a_speed_word_needs_grow_with_spread_and_levels():
+    assert repeats_for(8, 3, levels=4) == 6  # scenarios/lowconc.yaml's header
+    assert repeats_for(8, 3, levels=10) == 7  # scenarios/highconc.yaml's
+    assert repeats_for(8, 9, levels=4) == 16
+    assert repeats_for(8, 1, levels=1) == 3  # two repeats: one degree of freedom
+    assert repeats_for(1, 50, levels=10) is None
