@@ -7,10 +7,12 @@ from rig.cache import GoldenEntry
 from rig.report import PrefixCacheDelta
 from rig.run_outcome import (
     build_outcome,
+    candidate_should_run,
     failed_verdict,
     gdn_backends,
     is_aa_run,
     planted_delay,
+    proof_not_asked,
     side_kernels,
 )
 from rig.run_state import RunState
@@ -91,3 +93,21 @@ def test_outcome_compares_only_pairs_both_sides_finished(tmp_path, make_record):
     assert outcome.verdict.failed_gates[-1].name == "run completed"
     assert outcome.manifest["schedule"] == [] and outcome.records is state.records
     assert outcome.aa_pairs is None and outcome.drift == []
+
+
+def test_what_the_candidate_must_have_run_and_whether_a_proof_is_asked():
+    assert candidate_should_run(scenario(candidate={"kernel": "pkg.mod:fn"})) == "pkg.mod:fn"
+    backend = scenario(candidate={"gdn_prefill_backend": "cutedsl"})
+    assert candidate_should_run(backend) == "vllm-cutedsl"
+    assert candidate_should_run(scenario()) is None  # any kernel but the reference's
+    assert proof_not_asked(scenario()) is None
+    off = scenario(gates={"require_candidate_kernel": False})
+    assert proof_not_asked(off) == "gates.require_candidate_kernel: false"
+    stock = scenario(candidate={"url": "http://h:1", "proof": "none"})
+    assert proof_not_asked(stock) == "candidate.proof: none"
+
+
+def test_another_install_is_not_an_aa_run():
+    assert is_aa_run(scenario())
+    assert not is_aa_run(scenario(candidate={"python": "/venvs/branch/bin/python"}))
+    assert not is_aa_run(scenario(candidate={"gdn_prefill_backend": "flashinfer"}))
