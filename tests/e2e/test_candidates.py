@@ -85,7 +85,9 @@ def test_a_users_function_wrapping_ns4_passes_and_the_proof_names_it(run_rig):
     assert f"[rig-gdn] kernel={MY_KERNEL}" in run.read("server-candidate.log")
 
 
-def test_a_users_function_wrapping_ns3_is_caught(run_rig):
+def test_a_users_function_wrapping_ns3_is_caught(ns4_run, run_rig):
+    """After `ns4_run`, which fills the session's golden cache with the smoke scenario's
+    reference (later tests read its server logs)."""
     run = run_rig("--set", f"candidate.kernel={MY_KERNEL}_ns3", name="my-kernel-ns3")
     assert run.returncode == 1, served(run)
     verdict = run.manifest()["verdict"]
