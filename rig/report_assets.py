@@ -12,6 +12,10 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d1d1f;
  max-width:1240px;padding:0 16px 48px}
 h1{font-size:20px;margin:16px 0 8px}h2{font-size:17px;margin:28px 0 8px;
  border-bottom:1px solid #ddd;padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
+nav.sections{position:sticky;top:0;z-index:2;background:#e3ecf7;padding:6px 12px;margin:0 0 8px;
+ border-radius:0 0 6px 6px}
+nav.sections a{color:#0b3d91;text-decoration:none;font-weight:600}
+.verdict .headline{font-weight:600}
 .verdict{border-radius:6px;padding:10px 16px;border:2px solid}
 .verdict .word{font-size:22px;font-weight:700}.verdict p{margin:4px 0}
 .verdict.pass{background:#e8f5e9;border-color:#2e7d32}.verdict.pass .word{color:#1b5e20}

@@ -188,6 +188,9 @@ def test_mismatch_filters_and_table_sorting_work(report, seen):
     assert [float(v) for v in seen["sortedDown"] if v != ""] == sorted(numbers, reverse=True)
 
 
+NAV = (0xE3, 0xEC, 0xF7)  # nav.sections' background
+
+
 def _share(image: Image.Image, box: tuple[int, int, int, int], colour: tuple[int, int, int]):
     """Fraction of the pixels in `box` within a few levels of `colour`."""
     pixels = list(image.convert("RGB").crop(box).get_flattened_data())
@@ -208,4 +211,9 @@ def test_screenshot_shows_the_failing_verdict_and_gates(report, tmp_path, script
     image = Image.open(shot)
     assert image.size == (WIDTH, 900)
     assert _share(image, (0, 0, WIDTH, 160), (0xFD, 0xEC, 0xEA)) > 0.2  # the verdict banner
+    nav_rows = [y for y in range(0, 160) if _share(image, (0, y, WIDTH, y + 1), NAV) > 0.5]
+    banner_rows = [
+        y for y in range(0, 300) if _share(image, (0, y, WIDTH, y + 1), (0xFD, 0xEC, 0xEA)) > 0.5
+    ]
+    assert nav_rows and banner_rows and max(nav_rows) < min(banner_rows)  # navigation on top
     assert _share(image, (0, 160, WIDTH, 420), (0xFD, 0xEC, 0xEA)) > 0.05  # FAIL gate rows

@@ -83,6 +83,11 @@ def test_a_users_function_wrapping_ns4_passes_and_the_proof_names_it(run_rig):
     kernel = run.manifest()["kernels"]["candidate"]
     assert kernel["kernel"] == MY_KERNEL and kernel["calls"] > 0
     assert f"[rig-gdn] kernel={MY_KERNEL}" in run.read("server-candidate.log")
+    # the reference came from the golden cache, measured at another time: no speed word
+    summary = run.read("summary.md")
+    assert "speed: not comparable (reference from the golden cache: run " in summary
+    assert "Reference from the golden cache: run " in summary
+    assert " faster" not in summary and " slower" not in summary
 
 
 def test_a_users_function_wrapping_ns3_is_caught(ns4_run, run_rig):
