@@ -68,13 +68,13 @@ test-gpu: venv
 	$(PY) -m pytest -m gpu $(ARGS)
 
 tiny-model: venv
-	$(PY) -m rig.tiny_model $(or $(OUT),.cache/tiny-model)
+	$(PY) -m rig.models.tiny_model $(or $(OUT),.cache/tiny-model)
 
 tiny-qwen35: venv
-	$(PY) -m rig.tiny_qwen35 $(or $(OUT),.cache/tiny-qwen35)
+	$(PY) -m rig.models.tiny_qwen35 $(or $(OUT),.cache/tiny-qwen35)
 
 tiny-lm: venv
-	$(PY) -m rig.tiny_lm $(or $(OUT),.cache/tiny-lm)
+	$(PY) -m rig.models.tiny_lm $(or $(OUT),.cache/tiny-lm)
 
 kernel-check: venv
 	$(PY) -m kernels.check $(ARGS)

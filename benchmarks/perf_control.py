@@ -36,9 +36,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rig.perf import NOISE, PERF_METRICS, SLOWER, candidate_rows, perf_frame  # noqa: E402
 from rig.records import RequestRecord  # noqa: E402
-from rig.report import delta_md  # noqa: E402
+from rig.report.files import delta_md  # noqa: E402
+from rig.verdict.perf import NOISE, PERF_METRICS, SLOWER, candidate_rows, perf_frame  # noqa: E402
 
 SCENARIO = "scenarios/perf-control.yaml"
 COMPARISONS = ("aa", "planted", "ns4")

@@ -1,5 +1,9 @@
 """rig: serving-equivalence test rig for LLM kernels in vLLM.
 
-Pipeline, one module per stage, data flowing one way:
-scenario -> servers -> load -> compare (+ drift) -> metrics -> report, driven by run.
+The packages follow the pipeline, data flowing one way:
+scenario -> models -> serve -> load -> verdict -> report, driven by run.
 """
+
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent

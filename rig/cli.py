@@ -2,8 +2,8 @@
 
 rig run SCENARIO [--set k=v ...]      python -m rig.run
 rig plan SCENARIO [--assume-gpus N]   python -m rig.run --plan: preflight and the plan only
-rig compare RUN_A RUN_B               python -m rig.compare
-rig bisect RUN_DIR [--request-id ID]  python -m rig.bisect
+rig compare RUN_A RUN_B               python -m rig.verdict.compare
+rig bisect RUN_DIR [--request-id ID]  python -m rig.run.bisect
 """
 
 from __future__ import annotations
@@ -13,25 +13,25 @@ from collections.abc import Callable
 
 
 def _run(argv: list[str]) -> int:
-    from rig.run import main
+    from rig.run.pipeline import main
 
     return main(argv)
 
 
 def _plan(argv: list[str]) -> int:
-    from rig.run import main
+    from rig.run.pipeline import main
 
     return main([*argv, "--plan"])
 
 
 def _compare(argv: list[str]) -> int:
-    from rig.compare import main
+    from rig.verdict.compare import main
 
     return main(argv)
 
 
 def _bisect(argv: list[str]) -> int:
-    from rig.bisect import main
+    from rig.run.bisect import main
 
     return main(argv)
 

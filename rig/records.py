@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-from rig.placement import server_label
-from rig.salts import validate_cache_salt
+from rig.scenario.salts import validate_cache_salt
+from rig.serve.placement import server_label
 
 Endpoint = Literal["completions", "chat"]
 CompletionKey = tuple[str, tuple[int, ...]]  # (prompt id, completion token ids)

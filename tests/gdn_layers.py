@@ -7,7 +7,7 @@ import torch
 from kernels.gdn_inputs import GdnInputs, default_scale
 from kernels.ns_torch import chunk_gdn_ns
 from kernels.recurrence import gdn_recurrence
-from rig.qwen3_next import GdnKernelInputs
+from rig.models.qwen3_next import GdnKernelInputs
 
 
 def as_kernel_inputs(layer: GdnKernelInputs) -> GdnInputs:

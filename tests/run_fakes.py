@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rig.hardware import Hardware
-from rig.run_state import RecordSink, RunContext, RunJournal, RunState
-from rig.scenario import Scenario
-from rig.server_plan import ServerPlan, plan_servers
-from rig.workload import resolve_prompts
+from rig.run.state import RecordSink, RunContext, RunJournal, RunState
+from rig.scenario.config import Scenario
+from rig.scenario.workload import resolve_prompts
+from rig.serve.hardware import Hardware
+from rig.serve.plan import ServerPlan, plan_servers
 
 
 def scenario(**overrides) -> Scenario:

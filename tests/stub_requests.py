@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rig.load import run_level
+from rig.load.engine import run_level
 from rig.records import RequestRecord, RequestSpec, SamplingParams, ServerTarget, SideJob
-from rig.stub_server import StubConfig
+from rig.stub.server import StubConfig
 
 FAST = StubConfig(ttft_s=0.02, itl_s=0.005, output_tokens=5)
 

@@ -30,11 +30,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rig.hardware import Hardware
-from rig.report import REPORT_FILES
-from rig.scenario import Scenario
-from rig.server_plan import plan_servers
-from rig.servers import ServerError, ServerSet
+from rig.report.files import REPORT_FILES
+from rig.scenario.config import Scenario
+from rig.serve.hardware import Hardware
+from rig.serve.plan import plan_servers
+from rig.serve.servers import ServerError, ServerSet
 from tests.rig_process import (
     LiveRig,
     RigRun,
@@ -48,12 +48,12 @@ PROMPTS = "prompts/prompts.jsonl"
 
 
 class StubProcess:
-    """`python -m rig.stub_server` in a session of its own, with faults by arrival index."""
+    """`python -m rig.stub.server` in a session of its own, with faults by arrival index."""
 
     def __init__(
         self, *faults: str, itl_ms: float = 10, tokens: int = 8, replay_delay_ms: float = 0
     ) -> None:
-        argv = [sys.executable, "-m", "rig.stub_server", "--port", "0", "--ttft-ms", "20"]
+        argv = [sys.executable, "-m", "rig.stub.server", "--port", "0", "--ttft-ms", "20"]
         argv += ["--itl-ms", str(itl_ms), "--tokens", str(tokens)]
         argv += ["--replay-delay-ms", str(replay_delay_ms)]
         for fault in faults:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rig.records import RequestRecord, RequestSpec, SamplingParams, TokenLogprob
-from rig.stub_server import serve_in_thread
+from rig.stub.server import serve_in_thread
 from tests.stub_requests import FAST, one_side, spec
 
 

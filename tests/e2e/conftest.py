@@ -29,14 +29,14 @@ def rig_processes() -> list[str]:
             cmdline = status.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "rig.vllm_entry" in cmdline or cmdline.startswith(("VLLM::", "VLLM:")):
+        if "rig.serve.vllm_entry" in cmdline or cmdline.startswith(("VLLM::", "VLLM:")):
             found.append(cmdline.strip())
     return found
 
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from rig.tiny_model import ensure_tiny_model
+    from rig.models.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
 

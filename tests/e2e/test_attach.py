@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from rig.server_plan import free_port
+from rig.serve.plan import free_port
 
 from .conftest import RigRun, rig_processes
 
@@ -24,7 +24,7 @@ def foreign_reference(tiny_model, tmp_path_factory):
     port = free_port()
     log = open(tmp_path_factory.mktemp("foreign") / "server.log", "wb")  # noqa: SIM115
     argv = [
-        sys.executable, "-m", "rig.vllm_entry", "serve", str(tiny_model),
+        sys.executable, "-m", "rig.serve.vllm_entry", "serve", str(tiny_model),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "rig-tiny",
         "--dtype", "bfloat16", "--tensor-parallel-size", "1", "--seed", "0",
         "--gdn-prefill-backend", "triton", "--max-model-len", "8192", "--enforce-eager",

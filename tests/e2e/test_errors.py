@@ -16,7 +16,15 @@ from .conftest import REPO, rig_processes
 
 
 def _run(tmp_path, *args, scenario="scenarios/smoke.yaml"):
-    argv = [sys.executable, "-m", "rig.run", scenario, "--set", f"results_dir={tmp_path}", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "rig.run",
+        scenario,
+        "--set",
+        f"results_dir={tmp_path}",
+        *args,
+    ]
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from rig.hardware import visible_gpus
+from rig.serve.hardware import visible_gpus
 
 from .conftest import REPO, RigRun, rig_processes
 

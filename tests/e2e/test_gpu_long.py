@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rig.tiny_qwen35 import ensure_tiny_qwen35_model
+from rig.models.tiny_qwen35 import ensure_tiny_qwen35_model
 
 from .conftest import RigRun, rig_processes
 from .test_gpu import assert_fla_reference, kernel_of, needs_gpus, passed

@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-from rig.drift import REPLAY_FILE, read_replay
-from rig.load import RequestRecord
-from rig.scenario import SIDES
-from rig.tiny_lm import REGIME_LAYER, ensure_tiny_lm
+from rig.load.engine import RequestRecord
+from rig.models.tiny_lm import REGIME_LAYER, ensure_tiny_lm
+from rig.scenario.config import SIDES
+from rig.verdict.drift import REPLAY_FILE, read_replay
 
 from .conftest import REPO, RUN_TIMEOUT_S, RigRun, rig_processes
 
@@ -135,7 +135,7 @@ def test_ns3_is_not_equivalent(lm_ns4_run, lm_ns3_run):
 
 def test_bisect_traces_an_ns3_divergence_to_the_planted_gdn_layer(lm_ns3_run):
     done = subprocess.run(
-        [sys.executable, "-m", "rig.bisect", str(lm_ns3_run.run_dir)],
+        [sys.executable, "-m", "rig.run.bisect", str(lm_ns3_run.run_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,

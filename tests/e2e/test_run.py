@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from rig.drift import REPLAY_FILE
-from rig.report import REPORT_FILES
+from rig.report.files import REPORT_FILES
+from rig.verdict.drift import REPLAY_FILE
 
 from .conftest import rig_processes
 

@@ -25,7 +25,7 @@ from kernels.proof import fetch_kernel_proof, read_kernel_proof, read_stats
 from kernels.registry import UnknownKernelError, resolve_kernel
 from kernels.replay import main as replay_main
 from kernels.runners import run_cpu_op
-from rig.vllm_entry import installed_vllm_version
+from rig.serve.vllm_entry import installed_vllm_version
 
 custom_ops = pytest.importorskip("vllm._custom_ops")
 REPO = Path(__file__).resolve().parents[2]
@@ -323,7 +323,15 @@ def start_server(
     model: Path, log: Path, env: dict[str, str], extra_args: list[str] = ()
 ) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    argv = [sys.executable, "-m", "rig.vllm_entry", "serve", str(model), "--host", "127.0.0.1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "rig.serve.vllm_entry",
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+    ]
     argv += ["--port", str(port), "--enforce-eager", "--max-model-len", "4096", *extra_args]
     # TMPDIR: vLLM leaves IPC and vllm_dist_* files in the temp folder; keep them in tmp_path.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("RIG_GDN_")}
@@ -393,7 +401,7 @@ def wait_ready(process: subprocess.Popen, port: int, timeout_s: float = 240) -> 
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    from rig.tiny_model import ensure_tiny_model
+    from rig.models.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model().resolve()
 

@@ -1,0 +1,180 @@
+"""The OpenAI streaming protocol as vLLM speaks it: the JSON body of one greedy, streamed,
+salted request, and its server-sent events folded into a RequestRecord.
+
+Timing follows `vllm bench serve`: TTFT = first SSE message with non-empty `choices` minus the
+send time, ITL = gaps between such messages, E2EL = last such message minus the send time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from rig.records import RequestRecord, RequestSpec, TokenLogprob
+
+
+def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
+    """The JSON body for one request: greedy, streamed, salted, token ids and usage returned.
+    Logprobs only when the scenario asks (they cost sampler and payload time that production
+    does not spend; the verdict's margins come from the untimed replay, rig.verdict.drift)."""
+    sampling = spec.sampling
+    body: dict[str, Any] = {"model": model}
+    if spec.endpoint == "chat":
+        body["messages"] = list(spec.messages or ())
+        body["max_completion_tokens"] = sampling.max_tokens
+    else:
+        body["prompt"] = spec.prompt
+        body["max_tokens"] = sampling.max_tokens
+    body.update(
+        temperature=0.0,
+        seed=sampling.seed,
+        stream=True,
+        stream_options={"include_usage": True},
+        cache_salt=spec.cache_salt,
+        return_token_ids=True,
+    )
+    if sampling.ignore_eos:
+        body["ignore_eos"] = True
+    if sampling.top_logprobs > 0:
+        body["return_tokens_as_token_ids"] = True
+        if spec.endpoint == "chat":
+            body.update(logprobs=True, top_logprobs=sampling.top_logprobs)
+        else:
+            body["logprobs"] = sampling.top_logprobs
+    if spec.endpoint == "chat" and sampling.chat_template_kwargs is not None:
+        body["chat_template_kwargs"] = sampling.chat_template_kwargs
+    body.update(sampling.extra_body)
+    return body
+
+
+class MalformedStream(Exception):
+    """The server broke the SSE / JSON protocol; the request fails as malformed_sse."""
+
+
+# What a response that breaks the protocol raises while it is parsed (an HTTP head that is not
+# one raises rig.load.http_client.MalformedResponse, a ValueError).
+PROTOCOL_ERRORS = (MalformedStream, KeyError, TypeError, ValueError, AttributeError)
+
+
+class StreamAccumulator:
+    """Folds the SSE messages of one response into a RequestRecord."""
+
+    def __init__(self, record: RequestRecord, start: float, want_logprobs: bool) -> None:
+        self.record = record
+        self.start = start  # may be moved until finish(): times are kept absolute till then
+        self.token_times: list[float] = []
+        self.buffer = b""
+        self.text_parts: list[str] = []
+        self.token_ids: list[int] = []
+        self.saw_token_ids = False
+        self.logprobs: list[TokenLogprob] | None = [] if want_logprobs else None
+        self.done = False
+        self.problem: str | None = None  # first protocol problem seen; the stream is still read
+
+    def feed(self, data: bytes, received: float) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\n\n")) >= 0:
+            event, self.buffer = self.buffer[:end], self.buffer[end + 2 :]
+            self._event(event, received)
+
+    def finish(self) -> None:
+        """Fill the record in; safe to call again (it is, on every exit of send_request)."""
+        rest, self.buffer = self.buffer.strip(), b""
+        if rest:  # a last event without its blank line
+            try:
+                self._event(rest, self.token_times[-1] if self.token_times else self.start)
+            except PROTOCOL_ERRORS as exc:
+                self._problem(f"malformed_sse: {type(exc).__name__}: {exc}")
+        record = self.record
+        record.text = "".join(self.text_parts)
+        record.token_ids = self.token_ids if self.saw_token_ids else None
+        record.logprobs = self.logprobs
+        times = self.token_times
+        if times:
+            record.ttft_s = times[0] - self.start
+            record.itl_s = [later - earlier for earlier, later in itertools.pairwise(times)]
+            record.e2el_s = times[-1] - self.start
+
+    def _event(self, event: bytes, received: float) -> None:
+        for line in event.split(b"\n"):
+            line = line.rstrip(b"\r")
+            if not line.startswith(b"data:"):
+                continue  # comments (pings), event names, ids
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            try:
+                message = json.loads(payload)
+            except UnicodeDecodeError:
+                self._problem("malformed_sse: invalid UTF-8 in an event")
+                message = json.loads(payload.decode("utf-8", errors="replace"))
+            except ValueError as exc:
+                self._problem(f"malformed_sse: event is not JSON ({exc}): {payload[:80]!r}")
+                continue
+            self._message(message, received)
+
+    def _problem(self, detail: str) -> None:
+        if self.problem is None:
+            self.problem = detail
+
+    def _message(self, message: dict, received: float) -> None:
+        if not isinstance(message, dict):
+            raise MalformedStream(f"event is not a JSON object: {message!r:.80}")
+        if error := message.get("error"):
+            code = error.get("code") if isinstance(error, dict) else None
+            detail = error.get("message") if isinstance(error, dict) else error
+            kind = f"http_{code}" if isinstance(code, int) else "malformed_sse"
+            self._problem(f"{kind}: error event in the stream: {detail}")
+            return
+        if usage := message.get("usage"):
+            self.record.prompt_tokens = usage.get("prompt_tokens")
+            self.record.output_tokens = usage.get("completion_tokens")
+        choices = message.get("choices")
+        if not choices:
+            return
+        record = self.record
+        self.token_times.append(received)
+        choice = choices[0]
+        delta = choice.get("delta")
+        text = choice.get("text") if delta is None else delta.get("content")
+        if text:
+            self.text_parts.append(text)
+        if (ids := choice.get("token_ids")) is not None:
+            self.saw_token_ids = True
+            self.token_ids.extend(ids)
+        if choice.get("finish_reason") is not None:
+            record.finish_reason = choice["finish_reason"]
+        if self.logprobs is not None and (logprobs := choice.get("logprobs")):
+            self.logprobs.extend(parse_logprobs(logprobs))
+
+
+def _token_id(name: str) -> int:
+    """vLLM names tokens "token_id:<id>" when asked with return_tokens_as_token_ids."""
+    prefix, _, number = name.partition(":")
+    if prefix != "token_id" or not number.lstrip("-").isdigit():
+        raise MalformedStream(f"logprob token {name!r} is not of the form 'token_id:<id>'")
+    return int(number)
+
+
+def parse_logprobs(logprobs: dict) -> list[TokenLogprob]:
+    if "content" in logprobs:  # chat
+        return [
+            TokenLogprob(
+                token_id=_token_id(entry["token"]),
+                logprob=entry["logprob"],
+                top={_token_id(alt["token"]): alt["logprob"] for alt in entry["top_logprobs"]},
+            )
+            for entry in logprobs["content"] or []
+        ]
+    return [  # completions
+        TokenLogprob(
+            token_id=_token_id(token),
+            logprob=logprob,
+            top={_token_id(name): value for name, value in (top or {}).items()},
+        )
+        for token, logprob, top in zip(
+            logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
+        )
+    ]

@@ -1,0 +1,462 @@
+"""Reports under results/<run-id>/: requests.csv, summary.csv (`vllm bench serve`'s metric names),
+perf.csv (candidate/reference ratios with 95% intervals), bench/<side>-c<level>.json (`vllm bench
+serve --save-result` layout), mismatches.csv, drift.csv,
+summary.md (short enough for a PR comment), report.html (self-contained, every model output
+HTML-escaped), junit.xml (one test case per request pair) and manifest.json.
+
+The verdict comes first everywhere; the evidence follows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from rig.records import CompletionKey, RequestRecord, TokenLogprob
+from rig.report.format import DASH, check, missing, number
+from rig.report.html import headline_texts, render_html
+from rig.report.mismatches import Decode, mismatch_order
+from rig.serve.logs import JIT_COMPILE
+from rig.verdict.compare import PairResult
+from rig.verdict.drift import DriftResult
+from rig.verdict.gates import SideKernel, Verdict
+from rig.verdict.metrics import bench_results, request_frame, summary_frame
+from rig.verdict.perf import AA, candidate_rows, perf_frame
+from rig.verdict.speed import SpeedDesign
+
+REPORT_FILES = (
+    "requests.csv",
+    "summary.csv",
+    "perf.csv",
+    "mismatches.csv",
+    "drift.csv",
+    "summary.md",
+    "report.html",
+    "junit.xml",
+    "manifest.json",
+)
+
+
+@dataclass(frozen=True)
+class PrefixCacheDelta:
+    """Prefix-cache queries and hits one side's server counted during one level, and the GDN
+    prefill calls it made (None without the rig plugin's evidence on /metrics)."""
+
+    side: str
+    level: int
+    repeat: int
+    queries: float
+    hits: float
+    gdn_prefill_calls: int | None = None
+
+
+@dataclass(frozen=True)
+class LevelFault:
+    """A server-log fault (OOM, CUDA error, traceback, death) attributed to the level it hit."""
+
+    side: str
+    level: int | None
+    kind: str
+    line: str
+    failed_requests: str = ""  # ids of that side's requests that failed in that level
+    repeat: int = 0
+
+
+@dataclass
+class RunOutcome:
+    """Everything a run produced; the report stage only renders it."""
+
+    run_id: str
+    run_dir: Path
+    scenario_name: str
+    manifest: dict
+    records: list[RequestRecord]
+    pairs: list[PairResult]
+    drift: list[DriftResult]
+    prefix_cache: list[PrefixCacheDelta]
+    faults: list[LevelFault]
+    kernels: dict[str, SideKernel]
+    verdict: Verdict
+    aa_pairs: list[PairResult] | None = None
+    aa_drift: list[DriftResult] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    perf: pd.DataFrame | None = None  # rig.verdict.perf.perf_frame, with the A/A floor when it ran
+    error: str | None = None
+    prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
+    speed: SpeedDesign = field(default_factory=lambda: SpeedDesign(True))
+    comparison: str = ""  # "A/A: ..." for a reference against itself
+    reference_source: str = ""  # where the reference's results came from, when not this run
+    # Each side's teacher-forced replay along the reference completions (rig.verdict.drift.forced_positions)
+    replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    if missing(value):
+        return DASH
+    return f"{value:.{digits}f}"
+
+
+def seeds_table(summary: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
+    """Per level and side: requests ok, matches, mean TTFT, mean latency, throughput, deltas."""
+    if summary.empty:
+        return pd.DataFrame()
+    means = summary.groupby(["level", "side"], sort=True).agg(
+        requests=("requests", "sum"),
+        completed=("completed", "sum"),
+        mean_ttft_ms=("mean_ttft_ms", "mean"),
+        mean_e2el_ms=("mean_e2el_ms", "mean"),
+        total_token_throughput=("total_token_throughput", "mean"),
+        output_throughput=("output_throughput", "mean"),
+    )
+    if "matches" in summary.columns:
+        means["matches"] = summary.groupby(["level", "side"])["matches"].sum(min_count=1)
+    table = means.reset_index()
+    if not deltas.empty:
+        suffixes = ("_change_pct", "_ci_low_pct", "_ci_high_pct", "_word")
+        keep = ["level"] + [c for c in deltas.columns if c.endswith(suffixes)]
+        table = table.merge(candidate_rows(deltas)[keep], on="level", how="left")
+        reference_rows = table["side"] != "candidate"
+        table.loc[reference_rows, [c for c in keep if c != "level"]] = None
+    return table
+
+
+# --- summary.md: what fits in a pull-request comment -------------------------------------------
+
+SUMMARY_MD_LIMIT = 65_536  # GitHub's limit on a comment's body, in characters
+LINE_LIMIT = 1_000  # one gate detail or error line at most
+MISMATCHES_LISTED = 10
+DETAIL_POINTER = "report.html and mismatches.csv next to this summary"
+
+
+def _clip(line: str, limit: int = LINE_LIMIT) -> str:
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _verdict_lines(verdict: Verdict, headline: list[str] = ()) -> list[str]:
+    c = verdict.counts
+    lines = [
+        f"**Verdict: {verdict.word}** — {'PASS' if verdict.passed else 'FAIL'}",
+        "",
+        *(f"{line}  " for line in headline),
+        "",
+        f"{c.pairs} pairs: {c.identical} identical, {c.near_tie} near-tie, "
+        f"{c.substantive} substantive divergences; {c.pathologies} pathologies; "
+        f"prefix-cache hits {c.prefix_cache_hits:g}; teacher-forced drift mean "
+        f"{_fmt(c.drift_mean, 4)}, max {_fmt(c.drift_max, 4)}.",
+    ]
+    if verdict.aa_counts is not None:
+        a = verdict.aa_counts
+        lines.append(
+            f"A/A noise floor: {a.pairs} pairs, {a.identical} identical, {a.near_tie} near-tie, "
+            f"{a.substantive} substantive; drift mean {_fmt(a.drift_mean, 4)}, "
+            f"max {_fmt(a.drift_max, 4)}."
+        )
+    lines += list(verdict.notes)
+    lines += ["", "| gate | result | detail |", "|---|---|---|"]
+    lines += [
+        f"| {_cell_md(g.name)} | {check(g.passed)} {'pass' if g.passed else '**FAIL**'} "
+        f"| {_cell_md(g.detail)} |"
+        for g in verdict.gates
+    ]
+    return [_clip(line) for line in lines]
+
+
+def _cell_md(value: object) -> str:
+    return _clip(_md_text(str(value)).replace("|", "\\|").replace("\n", " "), 300)
+
+
+def delta_md(row: pd.Series, metric: str) -> str:
+    """Candidate - reference in percent, its interval and the word (faster, slower, within
+    noise, or why there is none), e.g. `+12.0 % [+9.1, +15.2] slower`."""
+    value = row.get(f"{metric}_change_pct")
+    if missing(value):
+        return DASH
+    text = f"{value:+.1f} %"
+    low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
+    if not (missing(low) or missing(high)):
+        text += f" [{low:+.1f}, {high:+.1f}]"
+    return f"{text} {row.get(f'{metric}_word', '')}".rstrip()
+
+
+def _level_lines(table: pd.DataFrame) -> list[str]:
+    """One Markdown row per level and side."""
+    header = [
+        "| level | side | ok | identical | TTFT mean | E2EL mean | total tok/s "
+        "| TTFT cand−ref [CI] | E2EL cand−ref | tok/s cand−ref |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = []
+    for _, row in table.iterrows():
+        matches = row.get("matches")
+        rows.append(
+            f"| {row['level']} | {row['side']} | {int(row['completed'])}/{int(row['requests'])} "
+            f"| {DASH if missing(matches) or row['side'] != 'candidate' else int(matches)} "
+            f"| {number(row['mean_ttft_ms'], 'ms')} | {number(row['mean_e2el_ms'], 'ms')} "
+            f"| {number(row['total_token_throughput'])} | {delta_md(row, 'mean_ttft_ms')} "
+            f"| {delta_md(row, 'mean_e2el_ms')} | {delta_md(row, 'total_token_throughput')} |"
+        )
+    return header + rows
+
+
+def _mismatch_line(pair: PairResult) -> str:
+    d = pair.divergence
+    if d is None:
+        return _clip(
+            f"- `{pair.request_id}` ({_md_text(pair.prompt_id)}): {_md_text(_pathology_text(pair))}"
+        )
+    where = f"token {d.token_index}" if d.token_index is not None else f"char {d.char_index}"
+    return _clip(
+        f"- `{pair.request_id}` ({_md_text(pair.prompt_id)}, C={pair.level}) {d.kind} at "
+        f"{where}, margin {_fmt(d.reference_margin, 3)}: ref "
+        f"`{_inline(d.reference_excerpt)}` / cand `{_inline(d.candidate_excerpt)}`"
+    )
+
+
+def _md_text(text: str) -> str:
+    """Text from a server or a model outside code spans: nothing that opens an HTML tag
+    reaches the comment (a bare `<=` stays readable)."""
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+
+
+def _fit(lines: list[str], budget: int, what: str) -> list[str]:
+    """As many of `lines` as fit in `budget` characters; a count of the rest points at the
+    full report."""
+    kept, used = [], 0
+    for index, line in enumerate(lines):
+        rest = len(lines) - index
+        note = f"… {rest} more {what}: see {DETAIL_POINTER}."
+        if used + len(line) + 1 + len(note) + 1 > budget:
+            return kept + [note]
+        kept.append(line)
+        used += len(line) + 1
+    return kept
+
+
+def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
+    """summary.md: verdict, gates, per-level table and the first mismatches, never longer
+    than a pull-request comment may be, whatever the size of the run."""
+    head = [f"## rig: {outcome.scenario_name} ({outcome.run_id})", ""]
+    if outcome.error:
+        first, *more = outcome.error.strip().splitlines() or [""]
+        rest = f" (+{len(more)} lines in manifest.json)" if more else ""
+        head += [_clip(f"**Run error:** {_md_text(first)}") + rest, ""]
+    head += _verdict_lines(outcome.verdict, [_md_text(t) for t in headline_texts(outcome)])
+    kernels = ", ".join(
+        f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
+    )
+    head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
+    head += _jit_lines(outcome.faults)
+    head += _aa_floor_lines(outcome.perf)
+    head += _planted_lines(outcome.perf)
+    mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
+    footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
+    budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
+    level_lines = _level_lines(table) if not table.empty else ["(no request finished)"]
+    listed = [_mismatch_line(p) for p in mismatched[:MISMATCHES_LISTED]]
+    more = len(mismatched) - len(listed)
+    if more:
+        listed.append(f"… {more} more mismatches: see {DETAIL_POINTER}.")
+    title = f"First mismatches, substantive first ({len(mismatched):,} in all):"
+    mismatch_block = ["", title, "", *listed]
+    # Per-level rows may take what the mismatch list leaves (a run has at most a few dozen).
+    levels = _fit(level_lines, budget - sum(len(x) + 1 for x in mismatch_block), "per-level rows")
+    body = levels + (
+        _fit(mismatch_block, budget - sum(len(x) + 1 for x in levels), "mismatches")
+        if mismatched
+        else []
+    )
+    text = "\n".join(head + body + footer) + "\n"
+    return text[:SUMMARY_MD_LIMIT]
+
+
+def _aa_floor_lines(perf: pd.DataFrame | None) -> list[str]:
+    """The A/A performance floor: what identical kernels measure as a change."""
+    if perf is None or perf.empty or AA not in set(perf.get("comparison", ())):
+        return []
+    lines = []
+    for _, row in perf[perf["comparison"] == AA].iterrows():
+        metrics = ", ".join(
+            f"{name} {delta_md(row, metric)}"
+            for metric, name in (
+                ("mean_ttft_ms", "TTFT"),
+                ("mean_e2el_ms", "E2EL"),
+                ("total_token_throughput", "tok/s"),
+            )
+        )
+        lines.append(_clip(f"A/A performance floor at C={int(row['level'])}: {metrics}"))
+    return [*lines, ""]
+
+
+def _planted_lines(perf: pd.DataFrame | None) -> list[str]:
+    """A candidate slowed on purpose: the change it planted next to the measured interval."""
+    if perf is None or perf.empty or "planted_ms_per_request" not in perf.columns:
+        return []
+    lines = []
+    for _, row in candidate_rows(perf).dropna(subset=["planted_ms_per_request"]).iterrows():
+        parts = []
+        for metric, name in (("mean_ttft_ms", "TTFT"), ("mean_e2el_ms", "E2EL")):
+            inside = row[f"{metric}_planted_inside_ci"]
+            verdict = "inside the interval" if inside else "**outside the interval**"
+            parts.append(
+                f"{name} planted {row[f'{metric}_planted_pct']:+.1f} %, measured "
+                f"{delta_md(row, metric)}: {verdict}"
+            )
+        lines.append(
+            _clip(
+                f"Planted slowdown at C={int(row['level'])}: "
+                f"{row['planted_calls_per_request']:.2f} GDN prefill calls per request x "
+                f"{row['planted_delay_ms']:g} ms = {row['planted_ms_per_request']:.1f} ms per "
+                f"request. {'; '.join(parts)}."
+            )
+        )
+    return [*lines, ""]
+
+
+def _jit_lines(faults: list[LevelFault]) -> list[str]:
+    """Levels whose server log shows JIT compilation during timed requests: their latencies
+    include compile time (a longer warm-up covers that shape)."""
+    levels = sorted({(f.level, f.repeat, f.side) for f in faults if f.kind == JIT_COMPILE})
+    if not levels:
+        return []
+    where = ", ".join(f"C={level} repeat {repeat} ({side})" for level, repeat, side in levels)
+    return [_clip(f"**JIT compilation during timed requests:** {where}; see report.html."), ""]
+
+
+def _inline(text: str) -> str:
+    return text.replace("`", "'").replace("\n", "⏎")[-60:]
+
+
+def _pathology_text(pair: PairResult) -> str:
+    return "; ".join(f"{p.side} {p.kind}: {p.detail}" for p in pair.pathologies) or "mismatch"
+
+
+def load_decoder(manifest: dict) -> Decode | None:
+    """The served model's tokenizer as ids -> text, to name and place the divergent token in
+    report.html; None when the model folder has no tokenizer.json (the page shows token ids)."""
+    path = Path(manifest.get("model_path") or "") / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # an unreadable tokenizer costs the token names, not the report
+        return None
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def render_junit(outcome: RunOutcome) -> bytes:
+    suite = ET.Element(
+        "testsuite",
+        name=f"rig.{outcome.scenario_name}",
+        tests=str(len(outcome.pairs) + len(outcome.verdict.gates)),
+        failures=str(
+            sum(p.substantive or bool(_gating(p)) for p in outcome.pairs)
+            + len(outcome.verdict.failed_gates)
+        ),
+    )
+    properties = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("verdict", outcome.verdict.word),
+        ("exit_code", str(int(outcome.verdict.exit_code(outcome.error)))),
+    ):
+        ET.SubElement(properties, "property", name=name, value=value)
+    for gate in outcome.verdict.gates:
+        case = ET.SubElement(suite, "testcase", classname="rig.gates", name=gate.name)
+        if not gate.passed:
+            ET.SubElement(case, "failure", message=_xml_safe(gate.detail))
+    for pair in outcome.pairs:
+        case = ET.SubElement(
+            suite, "testcase", classname=f"rig.pairs.c{pair.level}", name=pair.request_id
+        )
+        problems = _gating(pair)
+        if pair.substantive:
+            d = pair.divergence
+            problems.insert(
+                0,
+                f"substantive divergence at token {d.token_index}: "
+                f"ref {d.reference_excerpt!r} / cand {d.candidate_excerpt!r}",
+            )
+        if problems:
+            ET.SubElement(case, "failure", message=_xml_safe("; ".join(problems)[:2000]))
+        elif pair.divergence is not None:
+            ET.SubElement(
+                case, "system-out"
+            ).text = f"near-tie at token {pair.divergence.token_index}"
+    return ET.tostring(suite, encoding="utf-8", xml_declaration=True)
+
+
+_XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_safe(text: str) -> str:
+    """XML 1.0 cannot hold control characters or lone surrogates (a server's error body may
+    carry ANSI colours); they become U+FFFD so CI can still parse the file."""
+    return _XML_INVALID.sub("\ufffd", text)
+
+
+def _gating(pair: PairResult) -> list[str]:
+    """The pathologies that fail a pair, as text."""
+    return [f"{p.side} {p.kind}: {p.detail}" for p in pair.gating_pathologies]
+
+
+def drift_frame(drift: list[DriftResult]) -> pd.DataFrame:
+    return pd.DataFrame([asdict(d) for d in drift])
+
+
+def remove_report(run_dir: Path) -> None:
+    """Take away a report whose writing was cut short: a run folder holds a whole report or none."""
+    for name in REPORT_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "bench", ignore_errors=True)
+
+
+def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str, Path]:
+    """Write every report file; returns name -> path. `decode` (token ids -> text) names and
+    places tokens in report.html; by default the served model's tokenizer, when it loads."""
+    out = outcome.run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    requests = request_frame(outcome.records)
+    summary = summary_frame(outcome.records, outcome.pairs)
+    deltas = outcome.perf if outcome.perf is not None else perf_frame(outcome.records)
+    table = seeds_table(summary, deltas)
+    drift = drift_frame(outcome.drift)
+    mismatches = pd.DataFrame([p.as_row() for p in outcome.pairs if not p.identical])
+    paths = {name: out / name for name in REPORT_FILES}
+    requests.to_csv(paths["requests.csv"], index=False)
+    summary.to_csv(paths["summary.csv"], index=False)
+    deltas.to_csv(paths["perf.csv"], index=False)
+    bench = out / "bench"
+    bench.mkdir(exist_ok=True)
+    for name, result in bench_results(outcome.records, summary, outcome.manifest).items():
+        (bench / name).write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    mismatches.to_csv(paths["mismatches.csv"], index=False)
+    drift.to_csv(paths["drift.csv"], index=False)
+    paths["summary.md"].write_text(
+        render_markdown(outcome, table), encoding="utf-8", errors="backslashreplace"
+    )
+    page = render_html(outcome, summary, deltas, decode or load_decoder(outcome.manifest))
+    paths["report.html"].write_text(page, encoding="utf-8", errors="backslashreplace")
+    paths["junit.xml"].write_bytes(render_junit(outcome))
+    manifest = dict(outcome.manifest)
+    manifest.update(
+        verdict={
+            "word": outcome.verdict.word,
+            "passed": outcome.verdict.passed,
+            "gates": [asdict(g) for g in outcome.verdict.gates],
+            "counts": asdict(outcome.verdict.counts),
+            "aa_counts": (asdict(outcome.verdict.aa_counts) if outcome.verdict.aa_counts else None),
+        },
+        kernels={side: asdict(k) for side, k in outcome.kernels.items()},
+        timings=outcome.timings,
+        error=outcome.error,
+        exit_code=int(outcome.verdict.exit_code(outcome.error)),
+    )
+    paths["manifest.json"].write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+    return paths

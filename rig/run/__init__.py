@@ -1,0 +1,2 @@
+"""The orchestration: phases, state on disk, the golden cache, replay and bisect; `python -m
+rig.run SCENARIO` runs the whole pipeline (rig/run/pipeline.py)."""

@@ -1,0 +1,272 @@
+"""The run's outcome from its state: which kernel each side ran, the pairs compared, drift,
+performance and the verdict, assembled into the record the report stage renders."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kernels.backends import reference_kernel_name
+from kernels.proof import KernelProof, read_kernel_proof
+from kernels.registry import planted_delay_ms
+from rig.report.files import PrefixCacheDelta, RunOutcome
+from rig.report.manifest import build_manifest
+from rig.run.cache import GoldenEntry
+from rig.run.replay import AA_SIDE, aa_concurrency
+from rig.run.state import RunContext, RunState, finished
+from rig.scenario.config import SIDES, Scenario
+from rig.serve.installs import served_skew
+from rig.serve.logs import ADVISORY_LOG_KINDS
+from rig.serve.plan import LaunchPlan
+from rig.verdict.compare import compare_pairs
+from rig.verdict.drift import DriftResult, drift_results, forced_positions
+from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, decide
+from rig.verdict.perf import PlantedDelay, perf_frame
+from rig.verdict.speed import apply_design, speed_design
+
+SERVING_KEYS = (
+    "kernel",
+    "gdn_prefill_backend",
+    "serve_args",
+    "env",
+    "python",
+    "vllm_executable",
+    "command",
+)
+
+
+def is_aa_run(scenario: Scenario) -> bool:
+    """Reference against reference: both sides served alike (same install, flags, kernel)."""
+    ref, cand = scenario.reference, scenario.candidate
+    return all(getattr(ref, key) == getattr(cand, key) for key in SERVING_KEYS)
+
+
+def candidate_should_run(scenario: Scenario) -> str | None:
+    """The kernel the candidate's proof must name: its kernel, or vllm-<backend> for an in-tree
+    backend other than the reference's; None when any kernel but the reference's will do."""
+    candidate = scenario.candidate
+    if candidate.kernel is not None:
+        return candidate.kernel
+    backend = scenario.backend_of("candidate")
+    if backend != scenario.backend_of("reference"):
+        return reference_kernel_name(backend)
+    return None
+
+
+def proof_not_asked(scenario: Scenario) -> str | None:
+    """Why no kernel proof is asked of this run (None: it is)."""
+    if not scenario.gates.require_candidate_kernel:
+        return "gates.require_candidate_kernel: false"
+    off = [side for side in SIDES if scenario.side(side).proof == "none"]
+    return " and ".join(f"{side}.proof: none" for side in off) or None
+
+
+def side_kernels(
+    plan: LaunchPlan, proofs: dict[str, KernelProof], golden: GoldenEntry | None
+) -> dict[str, SideKernel]:
+    """Which kernel each side ran, over all its servers; read once, after the run (a server
+    that died before its proof was read is read from its log)."""
+    kernels = {}
+    if golden is not None:
+        kernels["reference"] = golden.kernel
+    for side in SIDES:
+        if side == "reference" and golden is not None:
+            continue
+        found = []
+        for server in plan.side_servers(side):
+            proof = proofs.get(server.label)
+            if proof is None and server.url is None:  # the server died before it was read
+                proof = read_kernel_proof(server.log_path, server.stats_dir)
+            if proof is not None:
+                found.append((server, proof))
+        if not found:
+            continue
+        kernel = "+".join(dict.fromkeys(proof.kernel for _, proof in found))
+        calls = sum(proof.calls for _, proof in found)
+        detail = "; ".join(
+            f"{server.label} ({proof.origin}): {proof.describe()}" for server, proof in found
+        )
+        sources = tuple(dict.fromkeys(h for _, proof in found for h in proof.source_sha256))
+        kernels[side] = SideKernel(side, kernel, calls, detail, sources)
+    return kernels
+
+
+def gdn_backends(proofs: dict[str, KernelProof]) -> dict[str, dict]:
+    """Per server: the GDN prefill backend asked for, what vLLM chose, what ran."""
+    return {
+        label: {
+            "requested": proof.requested_backend,
+            "vllm_chose": "+".join(proof.vllm_backends) or None,
+            "ran": proof.backend,
+            "evidence": proof.origin,
+        }
+        for label, proof in proofs.items()
+    }
+
+
+def planted_delay(
+    kernel: str | None, plan: LaunchPlan, prefix_cache: list[PrefixCacheDelta]
+) -> PlantedDelay | None:
+    """The candidate's planted delay (`ref+delay-<N>ms`) and its servers' GDN prefill calls
+    per level; None for any other candidate or when a server published no count."""
+    delay_ms = planted_delay_ms(kernel)
+    calls: dict[tuple[int, int], int] = {}
+    for delta in prefix_cache:
+        server = plan.servers.get(delta.side)
+        if server is None or server.side != "candidate":
+            continue
+        if delta.gdn_prefill_calls is None:
+            return None
+        key = (delta.level, delta.repeat)
+        calls[key] = calls.get(key, 0) + delta.gdn_prefill_calls
+    return PlantedDelay(kernel, delay_ms, calls) if delay_ms and calls else None
+
+
+def installs_gate(scenario: Scenario, plan: LaunchPlan, served: dict[str, str]) -> Gate | None:
+    """Where the sides are served by different installations: what served each, by the probe
+    and by the servers' own word, and no vLLM release between them that the scenario does
+    not declare (preflight checks the probed ones; this catches containers and attached
+    servers). None when both sides share one installation."""
+    first = {side: plan.side_servers(side)[0] for side in SIDES if plan.side_servers(side)}
+    installs = {side: server.install for side, server in first.items() if server.install}
+    if len({(i.kind, i.serve_prefix) for i in installs.values()}) < 2:
+        return None
+    versions = {
+        side: served.get(server.label) or (server.install.facts.vllm if server.install else None)
+        for side, server in first.items()
+    }
+    described = "; ".join(
+        f"{side} ({install.kind}): "
+        + (f"served vLLM {served[first[side].label]}; " if first[side].label in served else "")
+        + install.facts.describe()
+        for side, install in installs.items()
+    )
+    skew = served_skew(scenario, {s: v for s, v in versions.items() if v})
+    detail = f"{skew}; {described}" if skew else described
+    return Gate("vLLM installs", skew is None, detail, GateKind.VALIDITY)
+
+
+def side_drift(state: RunState, side: str) -> list[DriftResult]:
+    """`side`'s teacher-forced drift from the reference; empty unless both replayed."""
+    forced = state.forced
+    if "reference" not in forced or side not in forced:
+        return []
+    return drift_results(state.sequences, forced["reference"], forced[side])
+
+
+def failed_verdict(verdict: Verdict, error: str) -> Verdict:
+    """The verdict of a run that did not complete: it cannot pass."""
+    gates = (*verdict.gates, Gate("run completed", False, error.splitlines()[0]))
+    word = "NOT equivalent" if verdict.word != "INVALID" else verdict.word
+    return replace(verdict, word=word, passed=False, gates=gates)
+
+
+def build_outcome(
+    ctx: RunContext,
+    state: RunState,
+    kernels: dict[str, SideKernel],
+    error: str | None,
+    golden: GoldenEntry | None = None,
+    golden_key: str = "",
+) -> RunOutcome:
+    """Compare the finished pairs, decide the verdict, gather what the report shows."""
+    scenario = ctx.scenario
+    speed = speed_design(
+        scenario.workload.repeats,
+        golden.source_run if golden is not None else None,
+        golden.stored_at if golden is not None else None,
+    )
+    finished_records = [r for r in state.records if finished(r)]
+    reference = [r for r in finished_records if r.side == "reference"]
+    candidate = [r for r in finished_records if r.side == "candidate"]
+    answered = {r.request_id for r in candidate}
+    reference = [r for r in reference if r.request_id in answered]
+    replayed = {
+        side: forced_positions(state.sequences, forced) for side, forced in state.forced.items()
+    }
+    pairs = compare_pairs(
+        reference,
+        candidate,
+        scenario.gates.near_tie_margin,
+        scenario.workload.max_tokens,
+        replayed,
+    )
+    drift = side_drift(state, "candidate")
+    aa_pairs = aa_drift = None
+    if state.aa_records:
+        # The A/A replay reuses the first level's request ids, so it pairs by id.
+        first_level = [r for r in reference if r.level == scenario.workload.concurrency[0]]
+        aa_pairs = compare_pairs(
+            [r for r in first_level if r.repeat == 0],
+            state.aa_records,
+            scenario.gates.near_tie_margin,
+            scenario.workload.max_tokens,
+            replayed,
+        )
+        aa_drift = side_drift(state, AA_SIDE)
+    hits = sum(p.hits for p in state.prefix_cache)
+    perf = apply_design(
+        perf_frame(
+            state.records,
+            state.aa_records,
+            aa_concurrency(scenario),
+            planted_delay(scenario.candidate.kernel, ctx.plan, state.prefix_cache),
+            confidence=speed.interval_confidence(len(scenario.workload.concurrency)),
+        ),
+        speed,
+    )
+    verdict = decide(
+        scenario.gates,
+        pairs,
+        drift,
+        hits,
+        kernels,
+        candidate_should_run(scenario),
+        is_aa_run(scenario),
+        log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
+        deltas=perf,
+        aa_pairs=aa_pairs,
+        aa_drift=aa_drift,
+        reference_backend=(
+            scenario.backend_of("reference") if scenario.reference.proof != "none" else None
+        ),
+        proof_not_asked=proof_not_asked(scenario),
+        extra_gates=tuple(
+            g for g in (installs_gate(scenario, ctx.plan, state.served_versions),) if g
+        ),
+    )
+    if error is not None:
+        verdict = failed_verdict(verdict, error)
+    return RunOutcome(
+        run_id=ctx.run_id,
+        run_dir=ctx.run_dir,
+        scenario_name=scenario.name,
+        manifest=build_manifest(scenario, ctx.plan, ctx.model_path)
+        | {
+            "server_peak_rss_mb": state.peak_rss_mb,
+            "gdn_backends": gdn_backends(state.proofs),
+            "served_vllm": state.served_versions,
+            "schedule": state.schedule,
+        },
+        records=state.records,
+        pairs=pairs,
+        drift=drift,
+        prefix_cache=state.prefix_cache,
+        faults=state.faults,
+        kernels=kernels,
+        verdict=verdict,
+        aa_pairs=aa_pairs,
+        aa_drift=aa_drift,
+        timings=state.timings,
+        perf=perf,
+        error=error,
+        prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
+        replayed={side: replayed[side] for side in SIDES if side in replayed},
+        speed=speed,
+        comparison="A/A run: the reference against itself" if is_aa_run(scenario) else "",
+        reference_source=(
+            f"Reference from the golden cache: run {golden.source_run}, stored "
+            f"{golden.stored_at or 'at an unknown time'}, key {golden_key}"
+            if golden is not None
+            else ""
+        ),
+    )

@@ -1,0 +1,292 @@
+"""`python -m rig.run SCENARIO [--set key=value ...]`: the whole pipeline, and its exit code.
+
+scenario -> servers -> load (paired, level by level) -> drift (teacher-forced, untimed)
+-> compare -> metrics -> report. Exit 0 only when every gate holds; 1 when the candidate is
+NOT equivalent or a gate on it fails; 2 when the run could not be made (bad input, a server
+that would not start); 3 when the comparison is INVALID (no kernel proof, the wrong reference
+backend, prefix-cache hits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from functools import cached_property, partial
+from pathlib import Path
+from typing import NoReturn
+
+from rig.interrupts import InterruptsDeferred, interrupts_raise
+from rig.report.files import RunOutcome, remove_report, write_report
+from rig.report.manifest import build_manifest
+from rig.run.cache import GoldenCache
+from rig.run.golden import GoldenLookup, cost_comparison, lookup_golden, store_golden, take_golden
+from rig.run.load_phase import run_load
+from rig.run.outcome import build_outcome, side_kernels
+from rig.run.phases import PhaseSteps, read_proofs, run_phases
+from rig.run.replay import run_aa, run_drift
+from rig.run.state import (
+    REQUESTS_FILE,
+    RecordSink,
+    RunContext,
+    RunJournal,
+    RunState,
+    resume_from_disk,
+)
+from rig.scenario.config import Scenario, ScenarioError, load_scenario
+from rig.scenario.prompts import PromptFileError
+from rig.scenario.workload import WorkloadError, resolve_prompts
+from rig.serve.hardware import Hardware
+from rig.serve.plan import LaunchPlan
+from rig.serve.preflight import PreflightError, preflight, render_plan
+from rig.serve.servers import ServerError, ServerSet
+from rig.verdict.drift import REPLAY_FILE, write_replay
+from rig.verdict.gates import ExitCode, SideKernel
+
+EXIT_PASS, EXIT_ERROR = ExitCode.PASS, ExitCode.ERROR
+REPORT_NOTICE = "rig: interrupted while the report is written: finishing it (again to stop at once)"
+
+
+@dataclass
+class Runner:
+    """The stages of one run, bound to its inputs: `prepare` does the I/O of setting it up
+    (resume, golden cache), the rest hands each stage what it needs."""
+
+    ctx: RunContext
+    journal: RunJournal
+    done_levels: frozenset[tuple[int, int]]
+    cache: GoldenCache | None
+    golden: GoldenLookup
+
+    @classmethod
+    def prepare(
+        cls,
+        scenario: Scenario,
+        run_id: str,
+        run_dir: Path,
+        plan: LaunchPlan,
+        model_path: str,
+        cache: GoldenCache | None,
+        resume: bool = False,
+    ) -> Runner:
+        """Resume an interrupted run's finished levels, open the record sink, and take the
+        reference from the golden cache when it holds it."""
+        prompts = resolve_prompts(scenario.workload)
+        done_levels: frozenset[tuple[int, int]] = frozenset()
+        state = RunState()
+        if resume:
+            expected = scenario.workload.requests_per_level or len(prompts)
+            resumed = resume_from_disk(run_dir, expected)
+            done_levels, state = resumed.done_levels, resumed.state
+            cache = None  # the interrupted run's own reference results are what count
+        journal = RunJournal(run_dir, state, RecordSink.open(run_dir / REQUESTS_FILE))
+        golden = lookup_golden(cache, scenario, plan, model_path, prompts)
+        if golden.entry is not None:
+            plan = take_golden(journal, golden.entry, plan)
+        ctx = RunContext(scenario, run_id, run_dir, plan, model_path, prompts)
+        return cls(ctx, journal, done_levels, cache, golden)
+
+    @property
+    def state(self) -> RunState:
+        return self.journal.state
+
+    def run_phases(self) -> None:
+        ctx, state = self.ctx, self.state
+        steps = PhaseSteps(
+            start=ServerSet,
+            load=partial(run_load, ctx, self.journal),
+            drift=partial(run_drift, ctx, state),
+            aa=partial(run_aa, ctx, state),
+            proofs=partial(read_proofs, state),
+        )
+        run_phases(ctx, self.done_levels, state, steps)
+
+    @cached_property
+    def kernels(self) -> dict[str, SideKernel]:
+        """Which kernel each side ran; read once, after the phases."""
+        return side_kernels(self.ctx.plan, self.state.proofs, self.golden.entry)
+
+    def store_golden(self) -> None:
+        ctx = self.ctx
+        store_golden(
+            self.cache, self.golden, ctx.run_id, self.journal, ctx.plan, lambda: self.kernels
+        )
+
+    def outcome(self, error: str | None) -> RunOutcome:
+        return build_outcome(
+            self.ctx, self.state, self.kernels, error, self.golden.entry, self.golden.key
+        )
+
+
+def _check_resumable(run_dir: Path, scenario: Scenario) -> None:
+    """Resume only the same scenario: mixing results of two scenarios would mean nothing."""
+    stored = run_dir / "scenario.resolved.json"
+    if not stored.exists():
+        raise ScenarioError(f"--resume: {run_dir} holds no interrupted run (no {stored.name})")
+    before = json.loads(stored.read_text())
+    now = json.loads(scenario.model_dump_json())
+    if before != now:
+        changed = sorted(k for k in now if before.get(k) != now.get(k))
+        raise ScenarioError(f"--resume: the scenario differs from the interrupted run's: {changed}")
+
+
+def _stop_reporting(run_dir: Path) -> NoReturn:
+    """A second interrupt while the report is written: a report cut short is no report."""
+    remove_report(run_dir)
+    sys.stdout.flush()
+    print(
+        "rig: error: interrupted twice while the report was written: no report kept; every "
+        f"record is in {run_dir / 'requests.jsonl'} (--resume writes the report)",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(EXIT_ERROR)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m rig.run", description=__doc__)
+    parser.add_argument("scenario", type=Path, help="scenario YAML file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a scenario key (dotted path), e.g. --set workload.max_tokens=32",
+    )
+    parser.add_argument("--run-id", help="name of the results folder (default: time + scenario)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run named by --run-id: finished levels are kept",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="run the reference server even when the golden cache holds its results",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="run the preflight checks, print the resolved plan and exit without starting anything",
+    )
+    parser.add_argument(
+        "--assume-gpus",
+        type=int,
+        metavar="N",
+        help="with --plan: plan for a node with N GPUs (this machine's GPUs are not looked at)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(".cache/golden"),
+        help="golden cache of reference results (default: .cache/golden)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    interrupts_raise()
+    wall_start = time.monotonic()
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+        run_id = (
+            args.run_id or scenario.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{scenario.name}"
+        )
+        run_dir = scenario.results_dir / run_id
+        if args.resume:
+            if not (args.run_id or scenario.run_id):
+                raise ScenarioError("--resume needs --run-id naming the interrupted run")
+            _check_resumable(run_dir, scenario)
+        elif run_dir.exists() and any(run_dir.iterdir()):
+            raise ScenarioError(
+                f"results folder {run_dir} already exists and is not empty (--resume continues it)"
+            )
+        if args.assume_gpus is not None and not args.plan:
+            raise ScenarioError("--assume-gpus plans for another node: use it with --plan")
+        if args.assume_gpus is not None and args.assume_gpus < 0:
+            raise ScenarioError("--assume-gpus must be 0 or more")
+        prompts = resolve_prompts(scenario.workload)
+        hardware = Hardware.detect()
+        if args.assume_gpus is not None:
+            hardware = Hardware.assume_gpus(args.assume_gpus)
+        checked = preflight(scenario, run_dir, hardware)
+        if args.plan:
+            print(render_plan(checked, len(prompts)))
+            return EXIT_PASS
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ScenarioError(f"results folder {run_dir}: {exc.strerror}") from None
+        cache = None if args.no_cache else GoldenCache(args.cache_dir)
+        runner = Runner.prepare(
+            scenario, run_id, run_dir, checked.plan, checked.model.path, cache, resume=args.resume
+        )
+        (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
+        servers = build_manifest(scenario, runner.ctx.plan, runner.ctx.model_path)["servers"]
+        (run_dir / "servers.json").write_text(json.dumps(servers, indent=2))
+    except (ScenarioError, PromptFileError, WorkloadError, PreflightError, ServerError) as exc:
+        print(f"rig: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:  # the results folder cannot be written
+        print(f"rig: error: results folder {run_dir}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    golden = runner.golden.entry
+    mode = runner.ctx.plan.placement.describe()
+    if golden is not None:
+        mode = f"reference from the golden cache (run {golden.source_run})"
+    print(
+        f"rig: run {run_id}: {len(runner.ctx.prompts)} prompts, levels "
+        f"{scenario.workload.concurrency}, sides {mode}; results in {run_dir}",
+        flush=True,
+    )
+    error = None
+    try:
+        runner.run_phases()
+    except ServerError as exc:
+        error = str(exc)
+    except KeyboardInterrupt:
+        error = "interrupted (Ctrl-C or SIGTERM); servers stopped, partial results kept"
+    except OSError as exc:  # the results folder stopped taking writes: no report can follow
+        print(
+            f"rig: error: writing the results failed ({exc}); servers stopped, the records "
+            f"written so far are whole lines in {run_dir / 'requests.jsonl'}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    finally:
+        runner.journal.sink.close()
+    with InterruptsDeferred(REPORT_NOTICE, lambda: _stop_reporting(run_dir)):
+        runner.state.timings["wall_s"] = time.monotonic() - wall_start
+        if error is None:
+            runner.store_golden()
+        try:
+            write_replay(run_dir / REPLAY_FILE, runner.state.sequences, runner.state.forced)
+            outcome = runner.outcome(error)
+            paths = write_report(outcome)
+        except Exception as exc:  # the raw results are on disk; say where, keep the traceback
+            (run_dir / "report-error.txt").write_text(traceback.format_exc())
+            print(
+                f"rig: error: building the report failed ({type(exc).__name__}: {exc}); raw "
+                f"results kept in {run_dir / 'requests.jsonl'}, traceback in "
+                f"{run_dir / 'report-error.txt'}",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+    if golden is not None:
+        print(cost_comparison(golden.timings, runner.state.timings), flush=True)
+    print((run_dir / "summary.md").read_text(encoding="utf-8"))
+    print(f"rig: report: {paths['report.html']}")
+    if error is not None:
+        print(f"rig: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    return outcome.verdict.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

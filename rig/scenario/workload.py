@@ -1,0 +1,108 @@
+"""Turn a scenario's workload into the ordered request list of each level.
+
+The same ordered list goes to both sides; only the cache salt differs per side, so every request
+of the run carries a salt of its own (no prefix-cache hit can hide the prefill path).
+"""
+
+from __future__ import annotations
+
+from rig.records import RequestSpec, SamplingParams
+from rig.scenario.config import WorkloadConfig
+from rig.scenario.prompt_sets import load_prompt_set
+from rig.scenario.prompts import Prompt, build_long_prompt, load_prompts
+from rig.scenario.salts import cache_salt
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be built; the message is one line meant for the user."""
+
+
+def resolve_prompts(workload: WorkloadConfig) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for source in workload.prompts:
+        if source.path is not None:
+            prompts += load_prompts(source.path, limit=source.limit)
+        elif source.prompt_set is not None:
+            prompts += load_prompt_set(source.prompt_set, limit=source.limit)
+        else:
+            prompts += [
+                build_long_prompt(tokens, seed=source.seed) for tokens in source.long_tokens
+            ]
+    ids = [prompt.id for prompt in prompts]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise WorkloadError(
+            f"prompt ids appear more than once across the prompt sources: {', '.join(duplicates)}"
+        )
+    if not prompts:
+        raise WorkloadError("the workload's prompt sources hold no prompts")
+    return prompts
+
+
+def sampling_params(workload: WorkloadConfig) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=workload.max_tokens,
+        seed=workload.seed,
+        top_logprobs=workload.top_logprobs,
+        ignore_eos=workload.ignore_eos,
+        chat_template_kwargs=workload.chat_template_kwargs,
+        extra_body=dict(workload.extra_body),
+    )
+
+
+def level_requests(
+    workload: WorkloadConfig,
+    prompts: list[Prompt],
+    *,
+    level: int,
+    repeat: int,
+    side: str,
+    run_id: str,
+    tag: str = "",
+    count: int | None = None,
+) -> list[RequestSpec]:
+    """The ordered requests of one level: `requests_per_level` of them (default: one per prompt),
+    cycling through the prompts when more requests than prompts are asked for."""
+    total = count if count is not None else (workload.requests_per_level or len(prompts))
+    sampling = sampling_params(workload)
+    specs = []
+    for index in range(total):
+        prompt = prompts[index % len(prompts)]
+        request_id = f"{tag}c{level}-r{repeat}-{index:04d}"
+        specs.append(
+            RequestSpec(
+                request_id=request_id,
+                prompt_id=prompt.id,
+                level=level,
+                repeat=repeat,
+                index=index,
+                endpoint=workload.endpoint,
+                prompt=prompt.text if workload.endpoint == "completions" else None,
+                messages=(
+                    tuple(prompt.messages_as_dicts()) if workload.endpoint == "chat" else None
+                ),
+                cache_salt=cache_salt(run_id, side, request_id),
+                sampling=sampling,
+            )
+        )
+    return specs
+
+
+def warmup_prompts(workload: WorkloadConfig, prompts: list[Prompt]) -> list[Prompt]:
+    """What each server answers, untimed, before its first level: by default the shortest and
+    the longest prompt (the shapes the levels use, so compilation and JIT happen here, not in a
+    timed request); `warmup_requests: N` sends the first N prompts instead, 0 none."""
+    if workload.warmup_requests is not None:
+        return [prompts[i % len(prompts)] for i in range(workload.warmup_requests)]
+    by_length = sorted(prompts, key=lambda p: len(p.text))
+    return list({p.id: p for p in (by_length[0], by_length[-1])}.values())
+
+
+def tokenize_body(prompt: Prompt, workload: WorkloadConfig) -> dict:
+    """The /tokenize body that reproduces how the server tokenized this prompt when serving it."""
+    if workload.endpoint == "completions":
+        return {"prompt": prompt.text}
+    body: dict = {"messages": prompt.messages_as_dicts(), "add_generation_prompt": True}
+    if workload.chat_template_kwargs:
+        body["chat_template_kwargs"] = workload.chat_template_kwargs
+    return body

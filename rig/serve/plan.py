@@ -1,0 +1,289 @@
+"""The plan of the servers a run starts or attaches to: identical `vllm serve` argv and
+environment for both sides except what the scenario declares for one, where the placement puts
+each server, and the phases in which they run.
+
+Both sides run at once when the machine has room for two: on GPU, disjoint CUDA_VISIBLE_DEVICES
+sets of the tensor-parallel size; on CPU, disjoint cores through VLLM_CPU_OMP_THREADS_BIND (by
+default both workers bind core 0). Otherwise one after the other.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from kernels.backends import GDN_BACKEND_FLAG, gdn_backend_args
+from kernels.proof import KERNEL_ENV
+from kernels.proof import STATS_DIR_ENV as STATS_ENV
+from rig.scenario.config import SIDES, Scenario
+from rig.secrets import API_KEY_ENV, redact_env, reveal
+from rig.serve.hardware import Hardware
+from rig.serve.installs import SideInstall, container_argv, resolve_installs
+from rig.serve.placement import Placement, Slot, place_on_cpus, place_on_gpus, server_label
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """Everything needed to start (or attach to) one server, recorded in the manifest."""
+
+    side: str
+    argv: tuple[str, ...]
+    env: dict[str, str]  # only what the rig sets on top of the inherited environment
+    host: str
+    port: int
+    log_path: Path
+    stats_dir: Path
+    served_model: str
+    kernel: str | None
+    url: str | None = None
+    api_key: SecretStr | None = None  # also in env as VLLM_API_KEY, never in argv
+    replica: int = 0
+    devices: str = ""  # what the placement gave it, in words
+    install: SideInstall | None = None  # what serves it (rig/serve/installs.py)
+    launcher: tuple[str, ...] = ()  # the start of argv that runs `vllm serve`
+    cleanup: tuple[str, ...] = ()  # run after the server stops (a container's removal)
+
+    @property
+    def serve_args(self) -> tuple[str, ...]:
+        """argv after the launcher: the model and the flags."""
+        return self.argv[len(self.launcher) :]
+
+    @property
+    def label(self) -> str:
+        return server_label(self.side, self.replica)
+
+    @property
+    def base_url(self) -> str:
+        return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}"
+
+    @property
+    def gpu_ids(self) -> frozenset[str]:
+        """The GPUs the placement gave this server (its CUDA_VISIBLE_DEVICES), none on CPU."""
+        visible = self.env.get("CUDA_VISIBLE_DEVICES", "")
+        return frozenset(gpu.strip() for gpu in visible.split(",") if gpu.strip())
+
+    def redacted_env(self) -> dict[str, str]:
+        return redact_env(self.env)
+
+    @property
+    def secrets(self) -> list[str]:
+        """Values that must not reach a file or a message: the side's API key."""
+        return [key] if (key := reveal(self.api_key)) else []
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The servers to start, grouped into phases: servers in one phase run at the same time."""
+
+    servers: dict[str, ServerPlan]  # by label: "reference", "candidate", "reference-1", ...
+    phases: tuple[tuple[str, ...], ...]
+    placement: Placement
+
+    @property
+    def simultaneous(self) -> bool:
+        return len(self.phases) == 1 and len(self.phases[0]) > 1
+
+    @property
+    def replicas(self) -> int:
+        return self.placement.replicas
+
+    def side_servers(self, side: str) -> list[ServerPlan]:
+        """One side's servers, replica 0 first."""
+        return sorted(
+            (plan for plan in self.servers.values() if plan.side == side),
+            key=lambda plan: plan.replica,
+        )
+
+    def without(self, side: str) -> LaunchPlan:
+        """The plan with one side's servers left out (its results come from elsewhere)."""
+        phases = tuple(
+            kept
+            for kept in (tuple(s for s in p if self.servers[s].side != side) for p in self.phases)
+            if kept
+        )
+        return LaunchPlan(self.servers, phases, self.placement)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def place(
+    scenario: Scenario, hardware: Hardware, launched: tuple[str, ...], copies: int
+) -> Placement:
+    """The placement of the launched sides: the scenario's explicit GPUs, else the rules of
+    rig.serve.placement. A side attached by URL keeps the others to a single pair."""
+    model, placement = scenario.model, scenario.placement
+    if hardware.gpu_count == 0:
+        return place_on_cpus(hardware.cpu_ids, launched)
+    explicit = [scenario.side(side).gpus for side in launched]
+    if launched and all(explicit):
+        pairs = zip(launched, explicit, strict=True)
+        slots = tuple(Slot(side, 0, tuple(gpus)) for side, gpus in pairs)
+        overlap = len({g for gpus in explicit for g in gpus}) < sum(map(len, explicit))
+        phases = tuple((s.label,) for s in slots) if overlap else (tuple(launched),)
+        return Placement("sequential" if overlap else "simultaneous", 1, slots, phases)
+    attached = len(launched) < len(SIDES) and any(scenario.side(s).url for s in SIDES)
+    return place_on_gpus(
+        hardware.gpu_count,
+        model.tensor_parallel_size,
+        launched,
+        copies=copies,
+        replicas=1 if attached else placement.replicas,
+        share=placement.share_gpus,
+    )
+
+
+def serve_argv(
+    scenario: Scenario,
+    side: str,
+    install: SideInstall,
+    model_path: str,
+    served_model: str,
+    port: int,
+) -> list[str]:
+    """The `vllm serve` command line both sides share, after the side's install's launcher
+    (per-side extras are appended)."""
+    model = scenario.model
+    argv = [
+        model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_model,
+        "--dtype",
+        model.dtype,
+        "--tensor-parallel-size",
+        str(model.tensor_parallel_size),
+        "--seed",
+        str(scenario.workload.seed),
+        *backend_args(install, scenario.backend_of(side)),
+    ]
+    flags = {
+        "--max-model-len": model.max_model_len,
+        "--max-num-batched-tokens": model.max_num_batched_tokens,
+        "--max-num-seqs": model.max_num_seqs,
+    }
+    for flag, value in flags.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if model.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv
+
+
+def backend_args(install: SideInstall, backend: str) -> list[str]:
+    """--gdn-prefill-backend as the side's vLLM takes it; a container's version is unknown
+    until it runs, and every supported vLLM takes the flag."""
+    if install.facts.vllm is None:
+        return [GDN_BACKEND_FLAG, backend]
+    return gdn_backend_args(install.facts.vllm, backend)
+
+
+def shared_env(
+    scenario: Scenario, hardware: Hardware, installs: dict[str, SideInstall]
+) -> dict[str, str]:
+    """Environment both sides get: the scenario's, plus what vLLM's CUDA build needs to run
+    without flashinfer (its sampler imports it unless told not to) where a side lacks it."""
+    env = dict(scenario.model.env)
+    lacking = any(
+        not (install.facts.flashinfer if install.facts.probed else True)
+        for install in installs.values()
+        if install.kind != "attached"
+    )
+    if hardware.gpu_count > 0 and (lacking or not flashinfer_importable()):
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    return env
+
+
+def flashinfer_importable() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def plan_servers(
+    scenario: Scenario,
+    model_path: str,
+    run_dir: Path,
+    hardware: Hardware,
+    sides: tuple[str, ...] = SIDES,
+    copies: int = 1,
+    installs: dict[str, SideInstall] | None = None,
+) -> LaunchPlan:
+    """Build identical argv/env for each server, differing only in what the scenario declares
+    for a side (its install among them: probed here unless given) and in where the placement
+    puts it."""
+    installs = installs if installs is not None else resolve_installs(scenario, sides)
+    model = scenario.model
+    served_model = model.served_name or (f"rig-{model.name}" if model.is_embedded else model.name)
+    attached = [side for side in sides if scenario.side(side).url is not None]
+    launched = tuple(side for side in sides if side not in attached)
+    placement = place(scenario, hardware, launched, copies)
+    slots = [*placement.slots, *(Slot(side, 0) for side in attached)]
+    servers: dict[str, ServerPlan] = {}
+    for slot in slots:
+        config = scenario.side(slot.side)
+        stats_dir = run_dir / "kernel-stats" / slot.label
+        install = installs[slot.side]
+        env = shared_env(scenario, hardware, installs)
+        env.update(config.env)
+        env.update(install.env)
+        env[STATS_ENV] = str(stats_dir.resolve())
+        if config.kernel is not None:
+            env[KERNEL_ENV] = config.kernel
+        if config.api_key is not None:
+            env[API_KEY_ENV] = config.api_key.get_secret_value()  # argv is readable in ps
+        if slot.gpus:
+            env.setdefault("CUDA_VISIBLE_DEVICES", hardware.visible_devices(slot.gpus))
+        elif slot.cpus:
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, slot.cpus)))
+        if hardware.gpu_count == 0 and config.url is None:
+            # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(len(launched))))
+        port = (config.port + slot.replica) if config.port else free_port()
+        prefix, cleanup = container_argv(install, list(env), f"rig-{slot.label}-{port}")
+        argv = [*prefix, *serve_argv(scenario, slot.side, install, model_path, served_model, port)]
+        memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
+        if memory is not None:
+            argv += ["--gpu-memory-utilization", f"{memory:g}"]
+        argv += [*model.serve_args, *config.serve_args]
+        plan = ServerPlan(
+            side=slot.side,
+            argv=tuple(argv),
+            env=env,
+            host="127.0.0.1",
+            port=port,
+            log_path=run_dir / f"server-{slot.label}.log",
+            stats_dir=stats_dir,
+            served_model=served_model,
+            kernel=config.kernel,
+            url=config.url,
+            api_key=config.api_key,
+            replica=slot.replica,
+            devices="attached" if config.url else _devices(slot, hardware),
+            install=install,
+            launcher=prefix,
+            cleanup=cleanup,
+        )
+        servers[plan.label] = plan
+    phases = placement.phases
+    if attached:  # always reachable: they join the first phase
+        first = phases[0] if phases else ()
+        phases = ((*first, *attached), *phases[1:])
+    return LaunchPlan(servers=servers, phases=phases, placement=placement)
+
+
+def _devices(slot: Slot, hardware: Hardware) -> str:
+    if slot.gpus:
+        text = f"GPU {hardware.visible_devices(slot.gpus)}"
+        if slot.gpu_memory_fraction is not None:
+            text += f" (shared, {slot.gpu_memory_fraction:.0%} of memory)"
+        return text
+    return f"CPU cores {','.join(map(str, slot.cpus))}" if slot.cpus else "CPU"

@@ -1,0 +1,2 @@
+"""From request records to the verdict: pairs compared, teacher-forced drift, perf intervals,
+the speed word and the gates."""

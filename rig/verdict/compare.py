@@ -1,0 +1,389 @@
+"""Compare paired responses: exact text equality, the first divergence with the logprob margin
+behind it, and pathologies on either side.
+
+Exact equality alone misleads both ways: bf16 near-ties flip tokens between two correct kernels,
+and small bugs leave text unchanged. So each mismatch is classified by the reference's top-1/top-2
+margin at the first divergent token: a *near-tie* (each side's token in the other's top-k and a
+margin within `near_tie_margin`) or a *substantive* divergence. The top-k come from the untimed
+teacher-forced replay of the reference completion (rig.verdict.drift), which reaches the divergent
+token along the prefix both sides generated: the timed requests carry no logprobs. Drift
+completes the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from rig.records import CompletionKey, RequestRecord, TokenLogprob
+from rig.verdict.drift import REPLAY_FILE, read_replay
+
+EXCERPT_CHARS = 40
+DivergenceKind = Literal["near_tie", "substantive", "unclassified"]
+
+TRANSPORT_ERRORS = ("timeout", "http_", "connection", "malformed_sse", "cancelled")
+# Each side's replay along the reference completions: side -> completion -> positions
+# (rig.verdict.drift.forced_positions).
+Replayed = Mapping[str, Mapping[CompletionKey, Sequence[TokenLogprob]]]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two responses first differ, and how confident the reference was there."""
+
+    char_index: int
+    token_index: int | None
+    reference_excerpt: str
+    candidate_excerpt: str
+    reference_token_id: int | None = None
+    candidate_token_id: int | None = None
+    reference_logprob: float | None = None
+    candidate_logprob: float | None = None
+    candidate_token_rank_in_reference: int | None = None  # 1-based; None: not in top-k
+    reference_token_rank_in_candidate: int | None = None
+    reference_margin: float | None = None  # reference top-1 minus top-2 logprob
+    kind: DivergenceKind = "unclassified"
+    # Each side's top-k (token id -> logprob) at the divergent token, from the replay.
+    reference_top: dict[int, float] | None = field(default=None, compare=False)
+    candidate_top: dict[int, float] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Pathology:
+    side: str
+    kind: str
+    detail: str
+    candidate_only: bool  # absent on the reference for the same request
+
+    @property
+    def gating(self) -> bool:
+        """Whether it counts against the pathologies gate: the candidate alone shows it, or the
+        transport failed (no answer to compare is a failure whichever side it hit)."""
+        return self.candidate_only or is_transport_error(self.kind)
+
+
+@dataclass(frozen=True)
+class PairResult:
+    request_id: str
+    prompt_id: str
+    level: int
+    repeat: int
+    index: int
+    identical: bool
+    divergence: Divergence | None
+    pathologies: tuple[Pathology, ...]
+
+    @property
+    def substantive(self) -> bool:
+        return self.divergence is not None and self.divergence.kind != "near_tie"
+
+    @property
+    def gating_pathologies(self) -> list[Pathology]:
+        return [p for p in self.pathologies if p.gating]
+
+    def as_row(self) -> dict:
+        row = {
+            "request_id": self.request_id,
+            "prompt_id": self.prompt_id,
+            "level": self.level,
+            "repeat": self.repeat,
+            "index": self.index,
+            "identical": self.identical,
+            "divergence_kind": self.divergence.kind if self.divergence else "",
+            "pathologies": ";".join(f"{p.side}:{p.kind}" for p in self.pathologies),
+        }
+        if self.divergence is not None:
+            skip = {"kind", "reference_top", "candidate_top"}
+            row.update({f"div_{k}": v for k, v in asdict(self.divergence).items() if k not in skip})
+        return row
+
+
+def _finite_or_floor(value: float | None) -> float:
+    """A broken kernel can make the server report NaN (sent as null) logprobs: rank them last."""
+    return value if value is not None and math.isfinite(value) else -math.inf
+
+
+def _rank(token_id: int, top: dict[int, float]) -> int | None:
+    ordered = sorted(top.items(), key=lambda item: -_finite_or_floor(item[1]))
+    for rank, (candidate_id, _) in enumerate(ordered, start=1):
+        if candidate_id == token_id:
+            return rank
+    return None
+
+
+def _margin(position: TokenLogprob) -> float | None:
+    values = sorted((_finite_or_floor(v) for v in position.top.values()), reverse=True)
+    if len(values) < 2 or not all(math.isfinite(v) for v in values[:2]):
+        return None
+    return values[0] - values[1]
+
+
+def _first_token_mismatch(a: list[int], b: list[int]) -> int | None:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _first_char_mismatch(a: str, b: str) -> int:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def replayed_positions(
+    replayed: Replayed | None, side: str, reference: RequestRecord
+) -> Sequence[TokenLogprob]:
+    """`side`'s replay along the reference's completion; empty when it was not replayed."""
+    if replayed is None or not reference.token_ids:
+        return ()
+    key = (reference.prompt_id, tuple(reference.token_ids))
+    return replayed.get(side, {}).get(key, ())
+
+
+def first_divergence(
+    reference: RequestRecord,
+    candidate: RequestRecord,
+    near_tie_margin: float,
+    replayed: Replayed | None = None,
+) -> Divergence | None:
+    """None when the texts are identical; else the first difference, classified from both
+    sides' replay along the reference completion (unclassified where it is missing)."""
+    if reference.text == candidate.text:
+        return None
+    char_index = _first_char_mismatch(reference.text, candidate.text)
+    start = max(0, char_index - EXCERPT_CHARS)
+    excerpt = {
+        "reference_excerpt": reference.text[start : char_index + EXCERPT_CHARS],
+        "candidate_excerpt": candidate.text[start : char_index + EXCERPT_CHARS],
+    }
+    if reference.token_ids is None or candidate.token_ids is None:
+        return Divergence(char_index=char_index, token_index=None, **excerpt)
+    token_index = _first_token_mismatch(reference.token_ids, candidate.token_ids)
+    if token_index is None:
+        return Divergence(char_index=char_index, token_index=None, **excerpt)
+    ref_token = _at(reference.token_ids, token_index)
+    cand_token = _at(candidate.token_ids, token_index)
+    # Both replays force the reference's tokens: up to the divergence that is each side's own
+    # prefix, so position `token_index` holds what each side chose its token from.
+    ref_position = _at(replayed_positions(replayed, reference.side, reference), token_index)
+    cand_position = _at(replayed_positions(replayed, candidate.side, reference), token_index)
+    fields: dict = {"reference_token_id": ref_token, "candidate_token_id": cand_token}
+    if ref_position is not None:
+        fields["reference_logprob"] = ref_position.logprob
+        fields["reference_margin"] = _margin(ref_position)
+        fields["reference_top"] = dict(ref_position.top)
+        if cand_token is not None:
+            fields["candidate_token_rank_in_reference"] = _rank(cand_token, ref_position.top)
+    if cand_position is not None:
+        fields["candidate_top"] = dict(cand_position.top)
+        if cand_token is not None:
+            fields["candidate_logprob"] = cand_position.top.get(cand_token)
+        if ref_token is not None:
+            fields["reference_token_rank_in_candidate"] = _rank(ref_token, cand_position.top)
+    kind: DivergenceKind = "unclassified"
+    if ref_position is not None and cand_position is not None:
+        # One side stopping early (EOS vs more text) still has both tokens in the top-k.
+        near = (
+            fields.get("candidate_token_rank_in_reference") is not None
+            and fields.get("reference_token_rank_in_candidate") is not None
+            and fields.get("reference_margin") is not None
+            and fields["reference_margin"] <= near_tie_margin
+        )
+        kind = "near_tie" if near else "substantive"
+    return Divergence(
+        char_index=char_index, token_index=token_index, kind=kind, **excerpt, **fields
+    )
+
+
+def _at(items: list, index: int):
+    return items[index] if 0 <= index < len(items) else None
+
+
+def _repetition_loop(token_ids: list[int] | None, text: str) -> str | None:
+    """A tail that repeats one short period at least 4 times over >= 32 tokens or chars."""
+    sequence: list = list(token_ids) if token_ids else list(text)
+    tail = sequence[-64:]
+    if len(tail) < 32:
+        return None
+    for period in range(1, 17):
+        repeats = 1
+        while (repeats + 1) * period <= len(tail) and (
+            tail[-(repeats + 1) * period : -repeats * period] == tail[-period:]
+        ):
+            repeats += 1
+        if repeats >= 4 and repeats * period >= 32:
+            return f"period {period} repeated {repeats}x at the end"
+    return None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def content_pathologies(
+    record: RequestRecord, max_tokens: int | None, replayed: Sequence[TokenLogprob] = ()
+) -> list[tuple[str, str]]:
+    """(kind, detail) for what is wrong with one response on its own; `replayed`: its side's
+    replay along the pair's reference completion (NaN/inf logprobs show a broken kernel)."""
+    if record.error is not None:
+        kind = record.error.split(":", 1)[0].strip() or "error"
+        return [(kind, record.error)]
+    found = []
+    if record.text == "":
+        found.append(("empty_output", f"finish_reason={record.finish_reason}"))
+    if "\ufffd" in record.text:
+        found.append(("replacement_char", f"{record.text.count(chr(0xFFFD))} x U+FFFD"))
+    if _LONE_SURROGATE.search(record.text):
+        found.append(("invalid_utf8", "lone surrogate in decoded text"))
+    nonfinite = sum(
+        1
+        for position in replayed
+        if not math.isfinite(_finite_or_floor(position.logprob))
+        or any(not math.isfinite(_finite_or_floor(v)) for v in position.top.values())
+    )
+    if nonfinite:
+        found.append(("nonfinite_logprobs", f"{nonfinite} positions with NaN/inf logprobs"))
+    loop = _repetition_loop(record.token_ids, record.text)
+    if loop:
+        found.append(("repetition_loop", loop))
+    if (
+        max_tokens is not None
+        and record.output_tokens is not None
+        and record.output_tokens > max_tokens
+    ):
+        found.append(("length_overrun", f"{record.output_tokens} > max_tokens {max_tokens}"))
+    return found
+
+
+def is_transport_error(kind: str) -> bool:
+    return kind.startswith(TRANSPORT_ERRORS)
+
+
+def pair_pathologies(
+    reference: RequestRecord,
+    candidate: RequestRecord,
+    max_tokens: int | None,
+    replayed: Replayed | None = None,
+) -> tuple[Pathology, ...]:
+    ref_found = content_pathologies(
+        reference, max_tokens, replayed_positions(replayed, reference.side, reference)
+    )
+    cand_found = content_pathologies(
+        candidate, max_tokens, replayed_positions(replayed, candidate.side, reference)
+    )
+    ref_kinds = {kind for kind, _ in ref_found}
+    found = [Pathology("reference", kind, detail, False) for kind, detail in ref_found]
+    found += [
+        Pathology("candidate", kind, detail, kind not in ref_kinds) for kind, detail in cand_found
+    ]
+    both_answered = candidate.error is None and reference.error is None
+    if both_answered and candidate.finish_reason == "length" and reference.finish_reason == "stop":
+        found.append(
+            Pathology("candidate", "length_runaway", "hit max_tokens; reference stopped", True)
+        )
+    return tuple(found)
+
+
+def compare_pairs(
+    reference: list[RequestRecord],
+    candidate: list[RequestRecord],
+    near_tie_margin: float,
+    max_tokens: int | None = None,
+    replayed: Replayed | None = None,
+) -> list[PairResult]:
+    """Pair by request_id (both sides get the same ordered requests) and compare each pair;
+    `replayed`: each side's teacher-forced top-k along the reference completions."""
+    by_id = {record.request_id: record for record in candidate}
+    missing = [record.request_id for record in reference if record.request_id not in by_id]
+    if missing:
+        raise ValueError(
+            f"candidate has no result for {len(missing)} request(s), e.g. {missing[0]}"
+        )
+    results = []
+    for ref in reference:
+        cand = by_id[ref.request_id]
+        pathologies = pair_pathologies(ref, cand, max_tokens, replayed)
+        both_answered = ref.error is None and cand.error is None
+        divergence = (
+            first_divergence(ref, cand, near_tie_margin, replayed) if both_answered else None
+        )
+        results.append(
+            PairResult(
+                request_id=ref.request_id,
+                prompt_id=ref.prompt_id,
+                level=ref.level,
+                repeat=ref.repeat,
+                index=ref.index,
+                identical=both_answered and divergence is None,
+                divergence=divergence,
+                pathologies=pathologies,
+            )
+        )
+    return results
+
+
+def read_records(run_dir: Path, side: str) -> list[RequestRecord]:
+    path = Path(run_dir) / "requests.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such results file (is {run_dir} a rig run folder?)")
+    with open(path, encoding="utf-8") as handle:
+        records = [RequestRecord.from_json(line) for line in handle if line.strip()]
+    chosen = [r for r in records if r.side == side and not r.warmup]
+    if not chosen:
+        raise ValueError(f"{path}: no records for side {side!r}")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compare stored runs without any server: side A of RUN_A against side B of RUN_B.
+    Exit 0 only when every pair is identical or a near-tie (a failed request proves nothing)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m rig.verdict.compare",
+        description="Compare two stored rig runs, request by request.",
+    )
+    parser.add_argument("run_a", type=Path)
+    parser.add_argument("run_b", type=Path)
+    parser.add_argument("--side-a", default="reference")
+    parser.add_argument("--side-b", default="candidate")
+    parser.add_argument("--near-tie-margin", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    try:
+        reference = read_records(args.run_a, args.side_a)
+        candidate = read_records(args.run_b, args.side_b)
+        if args.side_b == args.side_a:  # two runs' same side: keep their replays apart
+            candidate = [replace(r, side=f"{r.side} (B)") for r in candidate]
+        # A side's replay follows its run's reference completions: it serves wherever the
+        # other run's reference wrote the same completion.
+        replayed = {
+            args.side_a: read_replay(args.run_a / REPLAY_FILE).get(args.side_a, {}),
+            candidate[0].side: read_replay(args.run_b / REPLAY_FILE).get(args.side_b, {}),
+        }
+        pairs = compare_pairs(reference, candidate, args.near_tie_margin, replayed=replayed)
+    except (OSError, ValueError) as exc:
+        print(f"rig: error: {exc}", file=sys.stderr)
+        return 2
+    identical = sum(p.identical for p in pairs)
+    near = sum(1 for p in pairs if p.divergence is not None and p.divergence.kind == "near_tie")
+    substantive = sum(p.substantive for p in pairs)
+    unanswered = sum(1 for p in pairs if not p.identical and p.divergence is None)
+    print(
+        f"{args.run_a}:{args.side_a} vs {args.run_b}:{args.side_b}: {len(pairs)} pairs, "
+        f"{identical} identical, {near} near-tie, {substantive} substantive, "
+        f"{unanswered} with a failed request"
+    )
+    for pair in [p for p in pairs if not p.identical][:10]:
+        d = pair.divergence
+        where = f"token {d.token_index} ({d.kind}, margin {d.reference_margin})" if d else "-"
+        print(f"  {pair.request_id} {pair.prompt_id}: {where}")
+    return 0 if substantive == 0 and unanswered == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""pandas frames from the request records: one row per request, one per (side, level), and the
+candidate-vs-reference deltas, using vLLM's benchmark definitions so numbers line up with
+`vllm bench serve` (TTFT at the first non-empty choices; TPOT = (E2EL - TTFT)/(tokens - 1)).
+
+Column names are `vllm bench serve`'s (mean_ttft_ms, median_ttft_ms, p99_ttft_ms, ...,
+request_throughput, output_throughput, total_token_throughput, completed, failed, duration), one
+row per (side, level, repeat); the candidate-vs-reference comparison lives in rig.verdict.perf.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from rig.records import RequestRecord
+from rig.verdict.compare import PairResult
+
+PERCENTILES = (90, 99)
+
+
+def request_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
+    rows = []
+    for r in records:
+        ok = r.error is None
+        tpot = None
+        if ok and r.e2el_s is not None and r.ttft_s is not None and (r.output_tokens or 0) > 1:
+            tpot = (r.e2el_s - r.ttft_s) / (r.output_tokens - 1)
+        rows.append(
+            {
+                "side": r.side,
+                "replica": r.replica,
+                "level": r.level,
+                "repeat": r.repeat,
+                "index": r.index,
+                "request_id": r.request_id,
+                "prompt_id": r.prompt_id,
+                "cache_salt": r.cache_salt,
+                "ok": ok,
+                "error": r.error or "",
+                "http_status": r.http_status,
+                "finish_reason": r.finish_reason,
+                "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "sent_at": r.sent_at,
+                "ttft_ms": _ms(r.ttft_s),
+                "tpot_ms": _ms(tpot),
+                "itl_mean_ms": _ms(float(np.mean(r.itl_s))) if r.itl_s else None,
+                "e2el_ms": _ms(r.e2el_s),
+                "finished_at": r.sent_at + r.e2el_s if r.e2el_s is not None else None,
+                "text": r.text,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def _distribution(stats: dict, name: str, values: np.ndarray) -> None:
+    """mean/median/std/p90/p99 of one metric, as `vllm bench serve` names them."""
+    empty = not values.size
+    stats[f"mean_{name}_ms"] = np.nan if empty else float(values.mean())
+    stats[f"median_{name}_ms"] = np.nan if empty else float(np.median(values))
+    stats[f"std_{name}_ms"] = np.nan if empty else float(values.std())
+    for p in PERCENTILES:
+        stats[f"p{p}_{name}_ms"] = np.nan if empty else float(np.percentile(values, p))
+
+
+def _level_stats(group: pd.DataFrame, itl_ms: list[float]) -> dict:
+    ok = group[group["ok"]]
+    stats: dict = {
+        "requests": len(group),
+        "completed": int(ok.shape[0]),
+        "failed": int((~group["ok"]).sum()),
+    }
+    for metric in ("ttft", "tpot", "e2el"):
+        _distribution(stats, metric, ok[f"{metric}_ms"].dropna().to_numpy(dtype=float))
+    _distribution(stats, "itl", np.asarray(itl_ms, dtype=float))
+    finished = ok["finished_at"].dropna()
+    duration = float(finished.max() - group["sent_at"].min()) if not finished.empty else np.nan
+    output_tokens = float(ok["output_tokens"].fillna(0).sum())
+    prompt_tokens = float(ok["prompt_tokens"].fillna(0).sum())
+    per_s = duration if duration and duration > 0 else np.nan
+    stats["duration"] = duration
+    stats["total_input_tokens"] = int(prompt_tokens)
+    stats["total_output_tokens"] = int(output_tokens)
+    stats["request_throughput"] = ok.shape[0] / per_s
+    stats["output_throughput"] = output_tokens / per_s
+    stats["total_token_throughput"] = (output_tokens + prompt_tokens) / per_s
+    return stats
+
+
+def summary_frame(
+    records: list[RequestRecord], pairs: list[PairResult] | None = None
+) -> pd.DataFrame:
+    """One row per (side, level, repeat), with match counts on the candidate rows."""
+    frame = request_frame(records)
+    if frame.empty:
+        return pd.DataFrame()
+    itl_by_key: dict[tuple, list[float]] = {}
+    for r in records:
+        if r.error is None:
+            itl_by_key.setdefault((r.side, r.level, r.repeat), []).extend(x * 1000 for x in r.itl_s)
+    rows = []
+    for (side, level, repeat), group in frame.groupby(["side", "level", "repeat"], sort=True):
+        row = {"side": side, "level": level, "repeat": repeat}
+        row.update(_level_stats(group, itl_by_key.get((side, level, repeat), [])))
+        rows.append(row)
+    summary = pd.DataFrame(rows)
+    if pairs:
+        matches = pd.DataFrame(
+            [{"level": p.level, "repeat": p.repeat, "identical": p.identical} for p in pairs]
+        )
+        counts = matches.groupby(["level", "repeat"])["identical"].agg(["sum", "count"])
+        summary = summary.merge(
+            counts.rename(columns={"sum": "matches", "count": "pairs"}).reset_index(),
+            on=["level", "repeat"],
+            how="left",
+        )
+    return summary
+
+
+def bench_results(
+    records: list[RequestRecord], summary: pd.DataFrame, manifest: dict
+) -> dict[str, dict]:
+    """Per side and level (and repeat, when there are several), a result in the layout of
+    `vllm bench serve --save-result`: file name -> JSON object. Scripts written for vLLM's
+    result files read these; warm-up requests are not in them."""
+    if summary.empty:
+        return {}
+    scenario = manifest.get("scenario", {})
+    workload = scenario.get("workload", {})
+    model = scenario.get("model", {})
+    many = int(summary["repeat"].max()) > 0
+    results = {}
+    for row in summary.to_dict("records"):
+        side, level, repeat = row["side"], int(row["level"]), int(row["repeat"])
+        chosen = sorted(
+            (
+                r
+                for r in records
+                if (r.side, r.level, r.repeat) == (side, level, repeat) and not r.warmup
+            ),
+            key=lambda r: r.sent_at,
+        )
+        stats = {
+            k: (None if isinstance(v, float) and np.isnan(v) else v)
+            for k, v in row.items()
+            if k not in ("side", "level", "repeat", "requests", "matches", "pairs")
+        }
+        name = f"{side}-c{level}" + (f"-r{repeat}" if many else "") + ".json"
+        results[name] = {
+            "date": time.strftime("%Y%m%d-%H%M%S", time.gmtime(chosen[0].sent_at))
+            if chosen
+            else None,
+            "backend": "openai-chat",
+            "label": side,
+            "model_id": model.get("name") or manifest.get("model_path"),
+            "tokenizer_id": manifest.get("model_path"),
+            "num_prompts": len(chosen),
+            "request_rate": workload.get("request_rate") or "inf",
+            "burstiness": workload.get("burstiness", 1.0),
+            "max_concurrency": level,
+            **stats,
+            "input_lens": [r.prompt_tokens for r in chosen],
+            "output_lens": [r.output_tokens for r in chosen],
+            "ttfts": [r.ttft_s for r in chosen],
+            "itls": [list(r.itl_s) for r in chosen],
+            "latencies": [r.e2el_s for r in chosen],
+            "generated_texts": [r.text for r in chosen],
+            "errors": [r.error or "" for r in chosen],
+        }
+    return results

@@ -1,0 +1,89 @@
+"""The bisect's comparison on synthetic captures: the first GDN call beyond its bound is named,
+with the side closer to the float64 recurrence; upstream divergences and clean pairs are told
+apart; a run folder it cannot use is one `rig: error:` line."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kernels.capture import Capture, CaptureMeta
+from kernels.cases import CPU_SHAPE, correlated_key_inputs
+from kernels.runners import VLLM_CPU_REFERENCE
+from rig.run import bisect
+from rig.scenario.config import load_scenario
+
+LAYERS = ("model.layers.0.linear_attn", "model.layers.2.linear_attn")
+
+
+def _captures(kernel: str, calls: int = 2, shift_layer2: float = 0.0) -> list[Capture]:
+    captures = []
+    for call in range(calls):
+        for number, layer in enumerate(LAYERS):
+            inputs = correlated_key_inputs(CPU_SHAPE, seed=10 * call + number)
+            if layer == LAYERS[1] and shift_layer2:
+                inputs = replace(inputs, v=inputs.v + shift_layer2)
+            meta = CaptureMeta(layer=layer, call_index=call + 3, pid=1, kernel=kernel)
+            captures.append(Capture(path=Path(f"{layer}.{call}"), meta=meta, inputs=inputs))
+    return captures
+
+
+def _result(calls: list[bisect.CallComparison]) -> bisect.BisectResult:
+    return bisect.BisectResult("c1-r0-0001", "p", {"reference": "", "candidate": ""}, calls)
+
+
+def test_ns3_is_traced_to_the_first_layers_first_call_and_the_reference_is_closer():
+    calls = bisect.compare_calls(_captures(VLLM_CPU_REFERENCE), _captures("ns3"))
+    assert [(c.layer, c.call) for c in calls] == [
+        (LAYERS[0], 0),
+        (LAYERS[1], 0),
+        (LAYERS[0], 1),
+        (LAYERS[1], 1),
+    ]
+    first = _result(calls).first_divergent
+    assert (first.layer, first.call) == (LAYERS[0], 0)
+    assert first.inputs_agree and first.output_beyond_bound
+    assert first.closer_to_float64 == "reference"
+    assert "model.layers.0.linear_attn call 0" in _result(calls).verdict()
+
+
+def test_ns4_stays_within_every_bound():
+    calls = bisect.compare_calls(_captures(VLLM_CPU_REFERENCE), _captures("ns4"))
+    assert all(c.inputs_agree and not c.output_beyond_bound for c in calls)
+    assert all(c.bound >= bisect.BOUND_FLOOR for c in calls)
+    assert _result(calls).first_divergent is None
+    assert "not in a GDN kernel" in _result(calls).verdict()
+
+
+def test_inputs_that_differ_first_point_upstream_of_the_gdn_kernels():
+    calls = bisect.compare_calls(_captures(VLLM_CPU_REFERENCE), _captures("ns4", shift_layer2=0.5))
+    first = _result(calls).first_divergent
+    assert (first.layer, first.call) == (LAYERS[1], 0)
+    assert not first.inputs_agree
+    assert "upstream" in _result(calls).verdict()
+
+
+def test_request_spec_rebuilds_the_runs_request(tmp_path):
+    scenario = load_scenario(Path("scenarios/lm-control.yaml"))
+    run = bisect.FinishedRun(tmp_path, scenario, "unused")
+    spec = bisect.request_spec(run, "c4-r0-0007", "candidate", "bisect-x")
+    assert (spec.level, spec.repeat, spec.index) == (4, 0, 7)
+    assert spec.messages is not None and spec.prompt_id
+    assert "bisect-x" in spec.cache_salt
+    with pytest.raises(bisect.BisectError):
+        bisect.request_spec(run, "warmup-3", "candidate", "bisect-x")
+
+
+def test_a_folder_without_a_run_is_one_error_line(tmp_path, capsys):
+    assert bisect.main([str(tmp_path)]) == bisect.EXIT_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rig: error:") and "manifest.json" in err[0]
+
+
+def test_a_run_without_divergences_has_nothing_to_bisect(tmp_path, capsys):
+    scenario = load_scenario(Path("scenarios/lm-control.yaml"))
+    manifest = {"scenario": json.loads(scenario.model_dump_json()), "model_path": "m"}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert bisect.main([str(tmp_path)]) == bisect.EXIT_ERROR
+    assert "no divergent pair" in capsys.readouterr().err

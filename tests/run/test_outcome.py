@@ -1,0 +1,113 @@
+"""The outcome from a run's state, without servers: kernels per side, the planted delay, and
+the verdict of a run that did not complete."""
+
+import rig.run.outcome
+from kernels.proof import KernelProof
+from rig.report.files import PrefixCacheDelta
+from rig.run.cache import GoldenEntry
+from rig.run.outcome import (
+    build_outcome,
+    candidate_should_run,
+    failed_verdict,
+    gdn_backends,
+    is_aa_run,
+    planted_delay,
+    proof_not_asked,
+    side_kernels,
+)
+from rig.run.state import RunState
+from rig.verdict.gates import Counts, Gate, SideKernel, Verdict
+from tests.run_fakes import run_context, scenario
+
+
+def proof(kernel: str, calls: int, origin: str = "metrics") -> KernelProof:
+    return KernelProof((kernel,), (kernel,), ("sha",), calls, (1,), None, origin=origin)
+
+
+def test_aa_run_means_identically_configured_sides():
+    assert is_aa_run(scenario())
+    assert not is_aa_run(scenario(candidate={"kernel": "ns4"}))
+    assert not is_aa_run(scenario(candidate={"env": {"X": "1"}}))
+
+
+def test_a_run_that_did_not_complete_cannot_pass_and_invalid_stays_invalid():
+    counts = Counts(3, 3, 0, 0, 0, 0.0, 0.0, 0.0, 0)
+    passed = Verdict("identical", True, (Gate("text", True, "all"),), counts)
+    failed = failed_verdict(passed, "interrupted (Ctrl-C)\nmore")
+    assert (failed.word, failed.passed) == ("NOT equivalent", False)
+    assert failed.gates[-1] == Gate("run completed", False, "interrupted (Ctrl-C)")
+    assert failed.counts is counts
+    invalid = Verdict("INVALID", False, (), counts)
+    assert failed_verdict(invalid, "x").word == "INVALID"
+
+
+def test_side_kernels_join_a_sides_servers_and_take_a_cached_reference(tmp_path, monkeypatch):
+    ctx = run_context(tmp_path, candidate={"kernel": "ns4"})
+    monkeypatch.setattr(
+        rig.run.outcome, "read_kernel_proof", lambda log, stats: proof("ns4", 7, "log")
+    )
+    proofs = {"reference": proof("vllm-cpu-native", 5)}
+    kernels = side_kernels(ctx.plan, proofs, None)
+    assert kernels["reference"] == SideKernel(
+        "reference",
+        "vllm-cpu-native",
+        5,
+        "reference (metrics): " + proofs["reference"].describe(),
+        proofs["reference"].source_sha256,
+    )
+    assert (kernels["candidate"].kernel, kernels["candidate"].calls) == ("ns4", 7)  # from its log
+    cached = SideKernel("reference", "vllm-triton", 99, "cached")
+    golden = GoldenEntry("first", [], [], {}, cached, {})
+    assert side_kernels(ctx.plan, proofs, golden)["reference"] is cached
+    assert gdn_backends(proofs)["reference"]["ran"] == "vllm-cpu-native"
+
+
+def test_planted_delay_counts_the_candidates_calls_per_level_or_gives_up(tmp_path):
+    ctx = run_context(tmp_path, candidate={"kernel": "ref+delay-5ms"})
+    deltas = [
+        PrefixCacheDelta("candidate", 1, 0, 1.0, 0.0, 10),
+        PrefixCacheDelta("reference", 1, 0, 1.0, 0.0, 10),
+        PrefixCacheDelta("candidate", 1, 1, 1.0, 0.0, 12),
+    ]
+    delay = planted_delay("ref+delay-5ms", ctx.plan, deltas)
+    assert (delay.delay_ms, delay.calls) == (5.0, {(1, 0): 10, (1, 1): 12})
+    assert planted_delay("ns4", ctx.plan, deltas) is None
+    unknown = [*deltas, PrefixCacheDelta("candidate", 2, 0, 1.0, 0.0, None)]
+    assert planted_delay("ref+delay-5ms", ctx.plan, unknown) is None
+
+
+def test_outcome_compares_only_pairs_both_sides_finished(tmp_path, make_record):
+    ctx = run_context(tmp_path, candidate={"kernel": "ns4"}, drift={"enabled": False})
+    state = RunState()
+    for request in ("q0", "q1", "q2"):
+        state.records.append(make_record("reference", request))
+    state.records.append(make_record("candidate", "q0"))
+    state.records.append(make_record("candidate", "q1", error="cancelled: interrupted"))
+    kernels = {
+        "reference": SideKernel("reference", "vllm-cpu-native", 3),
+        "candidate": SideKernel("candidate", "ns4", 3),
+    }
+    outcome = build_outcome(ctx, state, kernels, "interrupted (Ctrl-C or SIGTERM)")
+    assert [p.request_id for p in outcome.pairs] == ["q0"]
+    assert not outcome.verdict.passed
+    assert outcome.verdict.failed_gates[-1].name == "run completed"
+    assert outcome.manifest["schedule"] == [] and outcome.records is state.records
+    assert outcome.aa_pairs is None and outcome.drift == []
+
+
+def test_what_the_candidate_must_have_run_and_whether_a_proof_is_asked():
+    assert candidate_should_run(scenario(candidate={"kernel": "pkg.mod:fn"})) == "pkg.mod:fn"
+    backend = scenario(candidate={"gdn_prefill_backend": "cutedsl"})
+    assert candidate_should_run(backend) == "vllm-cutedsl"
+    assert candidate_should_run(scenario()) is None  # any kernel but the reference's
+    assert proof_not_asked(scenario()) is None
+    off = scenario(gates={"require_candidate_kernel": False})
+    assert proof_not_asked(off) == "gates.require_candidate_kernel: false"
+    stock = scenario(candidate={"url": "http://h:1", "proof": "none"})
+    assert proof_not_asked(stock) == "candidate.proof: none"
+
+
+def test_another_install_is_not_an_aa_run():
+    assert is_aa_run(scenario())
+    assert not is_aa_run(scenario(candidate={"python": "/venvs/branch/bin/python"}))
+    assert not is_aa_run(scenario(candidate={"gdn_prefill_backend": "flashinfer"}))

@@ -1,0 +1,475 @@
+import math
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from rig.scenario.config import GatesConfig
+from rig.verdict.compare import Divergence, PairResult, Pathology
+from rig.verdict.drift import DriftResult
+from rig.verdict.gates import ExitCode, Gate, GateKind, SideKernel, count, decide, verdict_word
+
+KERNELS = {
+    "reference": SideKernel("reference", "fla", 12),
+    "candidate": SideKernel("candidate", "ns4", 12),
+}
+
+
+def pair(
+    request_id: str = "q0",
+    kind: str | None = None,
+    pathologies: tuple[Pathology, ...] = (),
+    answered: bool = True,
+) -> PairResult:
+    """identical when kind is None and both sides answered; else a divergence of that kind."""
+    divergence = None
+    if kind is not None:
+        divergence = Divergence(
+            char_index=3,
+            token_index=1,
+            reference_excerpt="abc",
+            candidate_excerpt="abd",
+            reference_margin=0.1,
+            kind=kind,
+        )
+    return PairResult(
+        request_id=request_id,
+        prompt_id="p",
+        level=1,
+        repeat=0,
+        index=0,
+        identical=answered and kind is None,
+        divergence=divergence,
+        pathologies=pathologies,
+    )
+
+
+def identical(n: int) -> list[PairResult]:
+    return [pair(f"q{i}") for i in range(n)]
+
+
+def drift(mean: float, maximum: float | None = None, error: str | None = None) -> DriftResult:
+    peak = mean if maximum is None else maximum
+    return DriftResult("p", 4, peak, mean, peak, 0.0, 0.0, 0, error)
+
+
+def verdict(
+    pairs,
+    drift_results=(),
+    *,
+    hits=0.0,
+    kernels=KERNELS,
+    requested="ns4",
+    is_aa=False,
+    gates=None,
+    **kwargs,
+):
+    return decide(
+        gates or GatesConfig(),
+        list(pairs),
+        list(drift_results),
+        hits,
+        kernels,
+        requested,
+        is_aa,
+        **kwargs,
+    )
+
+
+def gate(result, name: str):
+    (found,) = [g for g in result.gates if g.name == name]
+    return found
+
+
+def gate_names(result) -> set[str]:
+    return {g.name for g in result.gates}
+
+
+# --- the words ---------------------------------------------------------------------------------
+
+
+def test_all_identical_passes_as_identical():
+    result = verdict(identical(5), [drift(0.01)])
+    assert result.word == "identical"
+    assert result.passed
+    assert result.failed_gates == []
+    assert (result.counts.pairs, result.counts.identical) == (5, 5)
+
+
+def test_near_ties_pass_as_equivalent_up_to_near_ties():
+    result = verdict(identical(3) + [pair("t", "near_tie")], [drift(0.01)])
+    assert result.word == "equivalent up to near-ties"
+    assert result.passed
+    assert result.counts.near_tie == 1
+
+
+def test_substantive_divergence_is_not_equivalent():
+    result = verdict(identical(3) + [pair("s", "substantive")])
+    assert result.word == "NOT equivalent"
+    assert not result.passed
+    assert [g.name for g in result.failed_gates] == ["substantive divergences"]
+
+
+def test_unclassified_divergence_counts_as_substantive():
+    result = verdict([pair("u", "unclassified")])
+    assert result.counts.substantive == 1
+    assert result.word == "NOT equivalent"
+
+
+def test_candidate_kernel_never_run_is_invalid():
+    kernels = {**KERNELS, "candidate": SideKernel("candidate", "ns4", 0)}
+    result = verdict(identical(3), kernels=kernels)
+    assert result.word == "INVALID"
+    assert not result.passed
+    assert "no prefill call" in gate(result, "candidate kernel active").detail
+
+
+def test_candidate_serving_another_kernel_than_requested_is_invalid():
+    kernels = {**KERNELS, "candidate": SideKernel("candidate", "fla", 12)}
+    result = verdict(identical(3), kernels=kernels, requested="ns4")
+    assert result.word == "INVALID"
+    assert "never served" in gate(result, "candidate kernel active").detail
+
+
+def test_both_sides_running_the_same_kernel_is_invalid():
+    kernels = {
+        "reference": SideKernel("reference", "ns4", 12),
+        "candidate": SideKernel("candidate", "ns4", 12),
+    }
+    result = verdict(identical(3), kernels=kernels, requested=None)
+    assert result.word == "INVALID"
+    assert "same kernel" in gate(result, "candidate kernel active").detail
+
+
+def test_missing_kernel_proof_is_invalid():
+    result = verdict(identical(3), kernels={"reference": KERNELS["reference"]})
+    assert result.word == "INVALID"
+
+
+def test_invalid_beats_not_equivalent():
+    kernels = {**KERNELS, "candidate": SideKernel("candidate", "ns4", 0)}
+    result = verdict([pair("s", "substantive")], kernels=kernels)
+    assert result.word == "INVALID"
+
+
+def test_aa_run_passes_with_the_same_kernel_on_both_sides():
+    kernels = {
+        "reference": SideKernel("reference", "fla", 12),
+        "candidate": SideKernel("candidate", "fla", 12),
+    }
+    result = verdict(identical(3), kernels=kernels, requested=None, is_aa=True)
+    assert result.passed
+    assert result.word == "identical"
+    assert gate(result, "candidate kernel active").passed
+    assert "A/A" in gate(result, "candidate kernel active").detail
+
+
+def test_aa_run_with_different_kernels_is_invalid():
+    result = verdict(identical(3), requested=None, is_aa=True)
+    assert result.word == "INVALID"
+
+
+def test_kernel_gate_can_be_switched_off():
+    result = verdict(identical(2), kernels={}, gates=GatesConfig(require_candidate_kernel=False))
+    assert "candidate kernel active" not in gate_names(result)
+    assert result.passed
+
+
+# --- gates -------------------------------------------------------------------------------------
+
+
+def test_substantive_divergences_within_the_allowance_pass():
+    gates = GatesConfig(max_substantive_divergences=1)
+    result = verdict([pair("s", "substantive"), pair("q")], gates=gates)
+    assert gate(result, "substantive divergences").passed
+    assert result.passed
+
+
+def test_candidate_only_pathology_fails():
+    sick = Pathology("candidate", "empty_output", "finish_reason=stop", candidate_only=True)
+    result = verdict([pair("q", pathologies=(sick,))])
+    assert not gate(result, "pathologies").passed
+    assert result.word == "NOT equivalent"
+    assert result.counts.pathologies == 1
+
+
+def test_pathology_shared_with_the_reference_does_not_fail():
+    shared = (
+        Pathology("reference", "repetition_loop", "period 1", candidate_only=False),
+        Pathology("candidate", "repetition_loop", "period 1", candidate_only=False),
+    )
+    result = verdict([pair("q", pathologies=shared)])
+    assert gate(result, "pathologies").passed
+    assert result.counts.pathologies == 0
+
+
+def test_transport_error_on_either_side_fails():
+    timeout = Pathology("reference", "timeout", "timeout: slow", candidate_only=False)
+    result = verdict([pair("q", pathologies=(timeout,), answered=False)])
+    assert not gate(result, "pathologies").passed
+    assert result.counts.pathologies == 1
+    assert result.counts.identical == 0
+
+
+def test_server_log_faults_fail_the_pathology_gate():
+    result = verdict(identical(2), log_faults=1)
+    assert not gate(result, "pathologies").passed
+    assert "1 server-log faults" in gate(result, "pathologies").detail
+    assert verdict(identical(2), log_faults=1, gates=GatesConfig(max_pathologies=1)).passed
+
+
+def test_prefix_cache_hits_fail():
+    result = verdict(identical(2), hits=3.0)
+    assert not gate(result, "prefix-cache hits").passed
+    assert not result.passed
+    assert verdict(identical(2), hits=3.0, gates=GatesConfig(max_prefix_cache_hits=3)).passed
+
+
+def test_drift_under_the_threshold_passes_and_over_it_fails():
+    gates = GatesConfig(max_mean_drift=0.1)
+    calm = verdict(identical(2), [drift(0.05), drift(0.10)], gates=gates)
+    assert calm.counts.drift_mean == pytest.approx(0.075)
+    assert gate(calm, "teacher-forced drift").passed
+    moved = verdict(identical(2), [drift(0.05), drift(0.25)], gates=gates)
+    assert moved.counts.drift_mean == pytest.approx(0.15)
+    assert not gate(moved, "teacher-forced drift").passed
+    assert moved.word == "NOT equivalent"
+
+
+def test_per_request_drift_bound():
+    gates = GatesConfig(max_mean_drift=None, max_request_drift=0.5)
+    assert verdict(identical(1), [drift(0.01, maximum=0.4)], gates=gates).passed
+    result = verdict(identical(1), [drift(0.01, maximum=0.6)], gates=gates)
+    assert result.counts.drift_max == pytest.approx(0.6)
+    assert not gate(result, "teacher-forced drift").passed
+
+
+def test_failed_replay_fails_the_drift_gate():
+    result = verdict(identical(1), [drift(0.01), drift(math.nan, error="RuntimeError: 500")])
+    assert result.counts.drift_errors == 1
+    assert result.counts.drift_mean == pytest.approx(0.01)  # failures are not averaged in
+    assert not gate(result, "teacher-forced drift").passed
+    assert "1 replays failed" in gate(result, "teacher-forced drift").detail
+
+
+def test_all_replays_failed_fails_the_drift_gate():
+    result = verdict(identical(1), [drift(math.nan, error="down")])
+    assert math.isnan(result.counts.drift_mean)
+    assert not gate(result, "teacher-forced drift").passed
+
+
+def test_no_drift_results_no_drift_gate():
+    assert "teacher-forced drift" not in gate_names(verdict(identical(1)))
+
+
+def aa_pairs(total: int, differing: int) -> list[PairResult]:
+    return identical(total - differing) + [pair(f"a{i}", "near_tie") for i in range(differing)]
+
+
+def test_near_ties_within_the_aa_floor():
+    result = verdict(
+        identical(8) + [pair("t0", "near_tie"), pair("t1", "near_tie")], aa_pairs=aa_pairs(10, 2)
+    )
+    assert result.aa_counts.pairs == 10 and result.aa_counts.identical == 8
+    assert result.word == "equivalent up to near-ties within the A/A noise floor"
+    assert result.passed
+
+
+def test_near_ties_beyond_the_aa_floor_gate():
+    pairs = identical(7) + [pair(f"t{i}", "near_tie") for i in range(3)]
+    gates = GatesConfig(allow_near_ties_beyond_aa=0)
+    over = verdict(pairs, aa_pairs=aa_pairs(10, 2), gates=gates)
+    assert not gate(over, "near-ties beyond the A/A floor").passed
+    assert not over.passed
+    assert over.word == "NOT equivalent"  # more near-ties than the A/A floor allows
+    within = verdict(
+        pairs, aa_pairs=aa_pairs(10, 2), gates=GatesConfig(allow_near_ties_beyond_aa=1)
+    )
+    assert gate(within, "near-ties beyond the A/A floor").passed
+
+
+def test_aa_floor_gate_is_off_by_default():
+    pairs = [pair(f"t{i}", "near_tie") for i in range(5)]
+    result = verdict(pairs, aa_pairs=aa_pairs(10, 0))
+    assert "near-ties beyond the A/A floor" not in gate_names(result)
+    assert result.passed
+
+
+FLOOR_GATE = "drift within the floor"
+
+
+@pytest.mark.parametrize(
+    ("aa_mean", "calibration", "floor", "names"),
+    [
+        (0.011, 0.0139, 0.0139, "A/A 0.0110, calibration 0.0139"),
+        (0.02, 0.0139, 0.02, "A/A 0.0200, calibration 0.0139"),
+        (0.0, 0.0139, 0.0139, "A/A 0.0000, calibration 0.0139"),
+        (None, 0.0139, 0.0139, "A/A not measured, calibration 0.0139"),
+        (0.011, None, 0.011, "A/A 0.0110, calibration not given"),
+    ],
+)
+def test_the_drift_floor_is_the_larger_of_aa_and_calibration(aa_mean, calibration, floor, names):
+    gates = GatesConfig(calibration_drift=calibration, max_drift_over_floor=2.0)
+    aa = {} if aa_mean is None else {"aa_pairs": aa_pairs(4, 0), "aa_drift": [drift(aa_mean)]}
+    inside = verdict(identical(4), [drift(floor * 1.9)], gates=gates, **aa)
+    assert gate(inside, FLOOR_GATE).passed and inside.passed
+    assert f"floor {floor:.4f} = max({names})" in gate(inside, FLOOR_GATE).detail
+    assert "= 1.90x the floor" in gate(inside, FLOOR_GATE).detail
+    beyond = verdict(identical(4), [drift(floor * 2.1)], gates=gates, **aa)
+    assert not gate(beyond, FLOOR_GATE).passed
+    assert beyond.word == "NOT equivalent"
+
+
+def test_a_zero_floor_admits_only_zero_drift():
+    gates = GatesConfig(max_drift_over_floor=3.0)
+    aa = {"aa_pairs": aa_pairs(4, 0), "aa_drift": [drift(0.0)]}
+    assert gate(verdict(identical(4), [drift(0.0)], gates=gates, **aa), FLOOR_GATE).passed
+    failed = gate(verdict(identical(4), [drift(1e-4)], gates=gates, **aa), FLOOR_GATE)
+    assert not failed.passed and "infx" in failed.detail
+
+
+def test_no_floor_gate_without_its_factor_or_without_a_floor():
+    aa = {"aa_pairs": aa_pairs(4, 0), "aa_drift": [drift(0.01)]}
+    unset = verdict(identical(4), [drift(0.5)], gates=GatesConfig(calibration_drift=0.01), **aa)
+    assert FLOOR_GATE not in gate_names(unset)
+    no_floor = verdict(identical(4), [drift(0.5)], gates=GatesConfig(max_drift_over_floor=2.0))
+    assert FLOOR_GATE not in gate_names(no_floor)
+
+
+def test_performance_gate_compares_the_interval_not_the_point():
+    """C=4's TTFT is 8% slower at the point but its interval reaches +3%: only a bound past
+    the allowed regression fails. Throughput is oriented the other way."""
+    deltas = pd.DataFrame(
+        {
+            "level": [1, 4],
+            "mean_ttft_ms_change_pct": [1.0, 8.0],
+            "mean_ttft_ms_ci_low_pct": [-1.0, 3.0],
+            "mean_ttft_ms_ci_high_pct": [2.0, 13.0],
+            "output_throughput_change_pct": [0.0, -9.0],
+            "output_throughput_ci_low_pct": [-1.0, -12.0],
+            "output_throughput_ci_high_pct": [1.0, -6.0],
+        }
+    )
+    failing = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=5))
+    assert not gate(failing, "performance").passed
+    assert "output_throughput at C=4" in gate(failing, "performance").detail
+    assert "+6.00%" in gate(failing, "performance").detail
+    passing = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=7))
+    assert gate(passing, "performance").passed  # the point (+8%, -9%) alone would fail
+    assert "performance" not in gate_names(verdict(identical(1), deltas=deltas))
+
+
+def test_count_sums_what_the_gates_need():
+    sick = Pathology("candidate", "invalid_utf8", "x", candidate_only=True)
+    pairs = [pair("a"), pair("b", "near_tie"), pair("c", "substantive", (sick,))]
+    counts = count(pairs, [drift(0.2, maximum=0.5), drift(0.4, maximum=0.3)], 2.0)
+    assert (counts.pairs, counts.identical, counts.near_tie, counts.substantive) == (3, 1, 1, 1)
+    assert counts.pathologies == 1
+    assert counts.prefix_cache_hits == 2.0
+    assert counts.drift_mean == pytest.approx(0.3)
+    assert counts.drift_max == pytest.approx(0.5)
+
+
+def test_prefix_cache_hits_make_the_run_invalid():
+    """A hit means some prefill never ran the kernel under test: the run vouches for nothing."""
+    result = verdict(identical(3), hits=1.0)
+    assert result.word == "INVALID"
+
+
+def test_nothing_compared_is_invalid():
+    result = verdict([])
+    assert not gate(result, "pairs compared").passed
+    assert result.word == "INVALID"
+    assert not result.passed
+
+
+def test_prompt_position_drift_gate():
+    """Forced prompt positions show kernel error that wide completion margins hide."""
+    noisy = DriftResult("p", 8, 0.0, 0.0, 0.0, 2.0, 0.6, 0)
+    gates = GatesConfig(max_mean_prompt_drift=0.25)
+    result = verdict(identical(1), [noisy], gates=gates)
+    assert not gate(result, "teacher-forced drift").passed
+    assert result.word == "NOT equivalent"
+    assert verdict(identical(1), [noisy]).passed  # off by default
+
+
+def test_a_reference_on_another_backend_than_requested_is_invalid():
+    flashinfer = {
+        "reference": SideKernel("reference", "vllm-flashinfer", 12),
+        "candidate": SideKernel("candidate", "ns4", 12),
+    }
+    result = verdict(identical(3), kernels=flashinfer, reference_backend="triton")
+    assert result.word == "INVALID" and not result.passed
+    assert "requested triton (vllm-triton); reference ran vllm-flashinfer" in (
+        gate(result, "reference backend").detail
+    )
+    fla = {**flashinfer, "reference": SideKernel("reference", "vllm-triton", 12)}
+    assert verdict(identical(3), kernels=fla, reference_backend="triton").word == "identical"
+    asked = verdict(identical(3), kernels=flashinfer, reference_backend="flashinfer")
+    assert gate(asked, "reference backend").passed
+
+
+def test_the_cpu_builds_one_op_is_the_reference_whatever_is_requested():
+    cpu = {
+        "reference": SideKernel("reference", "vllm-cpu-native", 12),
+        "candidate": SideKernel("candidate", "ns4", 12),
+    }
+    assert gate(verdict(identical(2), kernels=cpu, reference_backend="triton"), "reference backend")
+
+
+def test_an_aa_run_checks_the_backend_of_both_sides():
+    aa = {
+        "reference": SideKernel("reference", "vllm-triton", 12),
+        "candidate": SideKernel("candidate", "vllm-flashinfer", 12),
+    }
+    result = verdict(
+        identical(2), kernels=aa, requested=None, is_aa=True, reference_backend="triton"
+    )
+    assert result.word == "INVALID"
+    assert "candidate ran vllm-flashinfer" in gate(result, "reference backend").detail
+
+
+def test_the_word_follows_the_kind_of_the_failed_gate_not_its_name():
+    counts = count(identical(2), [])
+    assert verdict_word([Gate("any name", False, "", GateKind.VALIDITY)], counts, None) == (
+        "INVALID"
+    )
+    assert verdict_word([Gate("any name", False, "")], counts, None) == "NOT equivalent"
+    slower = [Gate("performance", False, "", GateKind.PERFORMANCE)]
+    assert verdict_word(slower, counts, None) == "identical"
+
+
+def test_performance_gate_reads_only_the_candidate_rows():
+    deltas = pd.DataFrame(
+        {
+            "comparison": ["candidate/reference", "A/A"],
+            "level": [4, 4],
+            "mean_ttft_ms_ci_low_pct": [-1.0, 40.0],
+            "mean_ttft_ms_ci_high_pct": [1.0, 60.0],
+        }
+    )
+    result = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=5))
+    assert gate(result, "performance").passed
+
+
+def test_one_kernel_name_from_two_sources_is_a_candidate_of_its_own():
+    """A vLLM branch that changed FLA's kernel runs `vllm-triton` from another source."""
+    stock = SideKernel("reference", "vllm-triton", 12, source_sha256=("aaaa",))
+    branch = SideKernel("candidate", "vllm-triton", 12, source_sha256=("bbbb",))
+    result = verdict(
+        identical(3), kernels={"reference": stock, "candidate": branch}, requested=None
+    )
+    kernel_gate = gate(result, "candidate kernel active")
+    assert kernel_gate.passed and "from other sources (candidate bbbb, reference aaaa)" in (
+        kernel_gate.detail
+    )
+    same = {"reference": stock, "candidate": replace(branch, source_sha256=("aaaa",))}
+    assert verdict(identical(3), kernels=same, requested=None).word == "INVALID"
+
+
+def test_exit_codes_tell_a_broken_setup_from_a_broken_kernel():
+    assert verdict(identical(3)).exit_code() == ExitCode.PASS == 0
+    assert verdict([pair("s", "substantive")]).exit_code() == ExitCode.FAILED == 1
+    invalid = verdict(identical(3), hits=2.0)
+    assert invalid.word == "INVALID" and invalid.exit_code() == ExitCode.INVALID == 3
+    assert invalid.exit_code("the candidate server died") == ExitCode.ERROR == 2
