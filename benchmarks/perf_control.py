@@ -36,7 +36,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rig.records import RequestRecord  # noqa: E402
+from rig.records import REQUESTS_FILE, read_records  # noqa: E402
 from rig.report.files import delta_md  # noqa: E402
 from rig.verdict.perf import NOISE, PERF_METRICS, SLOWER, candidate_rows, perf_frame  # noqa: E402
 
@@ -69,11 +69,10 @@ class ControlRun:
 
     def perf_at(self, confidence: float) -> pd.DataFrame:
         """The run's comparison again from its requests, at another confidence."""
-        path = self.run_dir / "requests.jsonl"
+        path = self.run_dir / REQUESTS_FILE
         if not path.exists():
             return pd.DataFrame()
-        with open(path, encoding="utf-8") as handle:
-            records = [RequestRecord.from_json(line) for line in handle if line.strip()]
+        records = read_records(path)
         return candidate_rows(perf_frame(records, confidence=confidence))
 
 

@@ -30,7 +30,7 @@ NS_ROUNDS_RANGE = range(1, 9)
 REGISTERED = ("ns3", "ns4")
 REFERENCE_BASE = "ref"  # a planted delay on top of vLLM's own kernel
 CPU_SOURCES = ("ns_torch.py", "gdn_inputs.py")
-CUDA_SOURCES = ("ns_triton.py",)
+CUDA_SOURCES = ("ns_triton.py", "ns_triton_device.py")
 PLANTED_SOURCES = ("registry.py",)  # where the delay is added
 _NAME = re.compile(
     r"(?:ns(?P<rounds>[1-9][0-9]*)|(?P<ref>ref))(?:\+delay-(?P<delay>\d+(?:\.\d+)?)ms)?"

@@ -22,19 +22,15 @@ CPU build: `vllm._custom_ops.chunk_gated_delta_rule_cpu` is looked up as a modul
 every call, so rebinding it swaps the kernel, compiled mode included. CUDA: an out-of-tree
 `ChunkGatedDeltaRule` (CustomOp name "ChunkGatedDeltaRule") whose forward is the candidate
 whatever --gdn-prefill-backend resolved to. Either way the prefill op, the reference included,
-is wrapped by a call counter. Evidence, one set per process (kernels/proof.py reads it back): a
-marker line naming the kernel and the sha256 of its source, the stats file, and two gauge
-families on the API server's /metrics (kernels/proof_metrics.py).
+is wrapped by a call counter (kernels/prefill_counter.py). Evidence, one set per process
+(kernels/proof.py reads it back): a marker line naming the kernel and the sha256 of its source,
+the stats file, and two gauge families on the API server's /metrics (kernels/proof_metrics.py).
 """
 
 import inspect
 import os
 import sys
-import tempfile
-import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,22 +39,11 @@ from kernels.backends import AUTO, CPU_NATIVE, reference_kernel_name
 from kernels.capture import CaptureWriter, calling_layer_name, capture_writer_from_env
 from kernels.functions import KernelFunctionError
 from kernels.gdn_inputs import GdnInputs
-from kernels.proof import (
-    KERNEL_ENV,
-    STATS_DIR_ENV,
-    PrefillStats,
-    format_marker,
-    stats_file_name,
-)
-from kernels.proof_metrics import (
-    MultiprocessGauges,
-    multiprocess_gauges_from_env,
-    register_collector,
-)
+from kernels.prefill_counter import PrefillCounter, new_counter, share_evidence_folder
+from kernels.proof import KERNEL_ENV
+from kernels.proof_metrics import register_collector
 from kernels.registry import KernelSpec, UnknownKernelError, resolve_kernel, sha256_of_files
 
-SERVER_ENV = "RIG_GDN_SERVER_ID"  # set by the first process, inherited by the rest of a server
-TIME_ENV = "RIG_GDN_TIME"
 CPU_REFERENCE = reference_kernel_name(CPU_NATIVE)
 CUDA_REFERENCE_UNBUILT = "vllm-cuda-reference"  # until the GDN op is built and names its backend
 CUDA_OP_NAME = "ChunkGatedDeltaRule"
@@ -81,123 +66,6 @@ FLA_BACKEND = "triton"
 FLA_METADATA_BACKENDS = ("triton", "flashinfer")  # vLLM builds FLA chunk_indices for these
 
 _installed_platform: str | None = None
-_private_stats_dir: tempfile.TemporaryDirectory | None = None
-
-
-@dataclass
-class PrefillCounter:
-    """This process's evidence: the kernel it installed, vLLM's own backend choice and its GDN
-    prefill calls, mirrored to the stats folder and, where vLLM serves /metrics from
-    PROMETHEUS_MULTIPROC_DIR, to multiprocess gauges."""
-
-    kernel: str
-    source_sha256: str
-    platform: str
-    stats_dir: Path | None
-    server: str = ""
-    vllm_backend: str = ""
-    requested_backend: str = ""
-    calls: int = 0
-    seconds: float = 0.0
-    timed: bool = False
-    gauges: MultiprocessGauges | None = None
-
-    def snapshot(self) -> PrefillStats:
-        return PrefillStats(
-            kernel=self.kernel,
-            source_sha256=self.source_sha256,
-            calls=self.calls,
-            pid=os.getpid(),
-            platform=self.platform,
-            vllm_backend=self.vllm_backend,
-            requested_backend=self.requested_backend,
-            server=self.server,
-            seconds=self.seconds,
-        )
-
-    def publish(self) -> None:
-        record = self.snapshot()
-        if self.stats_dir is not None:
-            path = self.stats_dir / stats_file_name(record.pid)
-            temporary = path.with_name(f".{path.name}.tmp")
-            try:
-                temporary.write_text(record.to_json())
-                os.replace(temporary, path)
-            except OSError as error:  # the folder went away: keep serving, say so once
-                print(f"rig GDN plugin: stats not kept: {error}", file=sys.stderr, flush=True)
-                self.stats_dir = None
-        if self.gauges is not None:
-            self.gauges.publish(record)
-
-    def record(self) -> None:
-        self.calls += 1
-        self.publish()
-
-    def call(self, op: Callable, *args, **kwargs):
-        """Run one prefill call and count it; with RIG_GDN_TIME, time it between two device
-        synchronisations (CPU tensors need none)."""
-        if not self.timed:
-            result = op(*args, **kwargs)
-            self.record()
-            return result
-        synchronize = torch.cuda.synchronize if torch.cuda.is_initialized() else lambda: None
-        synchronize()
-        started = time.perf_counter()
-        result = op(*args, **kwargs)
-        synchronize()
-        self.seconds += time.perf_counter() - started
-        self.record()
-        return result
-
-    def built_op(self, kernel: str, vllm_backend: str, requested_backend: str) -> None:
-        """The GDN op was built: vLLM chose `vllm_backend` when asked for `requested_backend`."""
-        if kernel != self.kernel:
-            _emit_marker(kernel, self.source_sha256, self.platform)
-        self.kernel, self.vllm_backend, self.requested_backend = (
-            kernel,
-            vllm_backend,
-            requested_backend,
-        )
-        self.publish()
-
-
-def share_evidence_folder() -> None:
-    """Give the processes of this server one stats folder and one server id before vLLM starts
-    its engine core and workers, which inherit the environment."""
-    global _private_stats_dir
-    if not os.environ.get(STATS_DIR_ENV):
-        _private_stats_dir = tempfile.TemporaryDirectory(prefix="rig-gdn-stats-")
-        os.environ[STATS_DIR_ENV] = _private_stats_dir.name
-    if not os.environ.get(SERVER_ENV):
-        os.environ[SERVER_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-
-
-def _stats_dir() -> Path | None:
-    directory = os.environ.get(STATS_DIR_ENV)
-    if not directory:
-        return None
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _emit_marker(kernel: str, source_sha256: str, platform: str) -> None:
-    print(format_marker(kernel, source_sha256, os.getpid(), platform), file=sys.stderr, flush=True)
-
-
-def _new_counter(kernel: str, source_sha256: str, platform: str) -> PrefillCounter:
-    counter = PrefillCounter(
-        kernel=kernel,
-        source_sha256=source_sha256,
-        platform=platform,
-        stats_dir=_stats_dir(),
-        server=os.environ.get(SERVER_ENV, ""),
-        timed=os.environ.get(TIME_ENV, "") == "1",
-        gauges=multiprocess_gauges_from_env(),
-    )
-    _emit_marker(kernel, source_sha256, platform)
-    counter.publish()
-    return counter
 
 
 def requested_gdn_backend() -> str:
@@ -299,7 +167,7 @@ def install_cpu(spec: KernelSpec | None) -> PrefillCounter:
         kernel, sha, op = CPU_REFERENCE, _file_sha256(current), current
     else:
         kernel, sha, op = spec.name, spec.source_sha256("cpu"), spec.cpu_op(current)
-    counter = _new_counter(kernel, sha, "cpu")
+    counter = new_counter(kernel, sha, "cpu")
     _custom_ops.chunk_gated_delta_rule_cpu = counted_cpu_op(
         op, counter, capture_writer_from_env(kernel)
     )
@@ -361,7 +229,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
     else:
         kernel, sha = spec.name, spec.source_sha256("cuda")
         candidate = None if planted else spec.fla_contract_function()
-    counter = _new_counter(kernel, sha, "cuda")
+    counter = new_counter(kernel, sha, "cuda")
     capture = capture_writer_from_env(kernel)
 
     class RigChunkGatedDeltaRule(ChunkGatedDeltaRule):

@@ -1,8 +1,9 @@
 """The records every pipeline stage passes on: what to send (RequestSpec, SamplingParams,
-SideJob, ServerTarget) and what came back (RequestRecord, TokenLogprob).
+SideJob, ServerTarget), what came back (RequestRecord, TokenLogprob) and what the servers showed
+while it ran (PrefixCacheDelta, LevelFault); requests.jsonl holds the records, one per line.
 
-A failed request is a record with `error` set ("<kind>: <detail>", kinds: timeout,
-http_<status>, connection, malformed_sse, cancelled), never a missing one.
+A failed request is a record with `error` set ("<kind>: <detail>", the kinds in ErrorKind),
+never a missing one.
 """
 
 from __future__ import annotations
@@ -10,15 +11,47 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
 from typing import Literal
 
 from pydantic import SecretStr
 
 from rig.scenario.salts import validate_cache_salt
-from rig.serve.placement import server_label
 
 Endpoint = Literal["completions", "chat"]
 CompletionKey = tuple[str, tuple[int, ...]]  # (prompt id, completion token ids)
+REQUESTS_FILE = "requests.jsonl"
+
+
+class ErrorKind(StrEnum):
+    """Why a request failed: the `<kind>` of RequestRecord.error, written "<kind>: <detail>"."""
+
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    MALFORMED_SSE = "malformed_sse"
+    CANCELLED = "cancelled"  # the run was interrupted; not the server's failure
+    HTTP = "http"  # written http_<status>
+
+    def error(self, detail: str, status: int | None = None) -> str:
+        """The record's error string for this kind (an HTTP error names its status)."""
+        kind = f"{self.value}_{status}" if self is ErrorKind.HTTP else self.value
+        return f"{kind}: {detail}"
+
+
+def error_kind(error: str) -> str:
+    """The `<kind>` of an error string: an ErrorKind's value, `http_<status>`, or "error"."""
+    return error.split(":", 1)[0].strip() or "error"
+
+
+def is_transport_error(kind: str) -> bool:
+    """A kind the wire or the client produced (an ErrorKind), not one a response showed."""
+    return kind in set(ErrorKind) - {ErrorKind.HTTP} or kind.startswith(f"{ErrorKind.HTTP}_")
+
+
+def server_label(side: str, replica: int) -> str:
+    """A server's name in logs, files and progress: the side, and its replica pair from 1 on."""
+    return side if replica == 0 else f"{side}-{replica}"
 
 
 @dataclass(frozen=True)
@@ -55,6 +88,9 @@ class RequestSpec:
 
 @dataclass(frozen=True)
 class ServerTarget:
+    """Where one server of a side answers; built from its launch spec (ServerSpec.target), the
+    one place that knows its URL, served name and API key."""
+
     side: str  # "reference" | "candidate" | ...
     base_url: str  # http://127.0.0.1:PORT
     model: str  # served model name
@@ -104,6 +140,11 @@ class RequestRecord:
     # and the earlier token takes the later one's time: the client was overloaded.
     client_lag_s: float | None = None
     replica: int = 0  # the replica pair that served it; a request pair never spans two
+
+    @property
+    def cancelled(self) -> bool:
+        """Sent but cut off by an interrupted run: no measurement, and no server failure."""
+        return self.error is not None and error_kind(self.error) == ErrorKind.CANCELLED
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -155,3 +196,36 @@ def empty_record(target: ServerTarget, spec: RequestSpec) -> RequestRecord:
         error=None,
         warmup=spec.warmup,
     )
+
+
+def read_records(path: Path) -> list[RequestRecord]:
+    """Every record of a requests.jsonl-style file (blank lines skipped); [] when it is absent."""
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [RequestRecord.from_json(line) for line in handle if line.strip()]
+
+
+@dataclass(frozen=True)
+class PrefixCacheDelta:
+    """Prefix-cache queries and hits one server counted during one level, and the GDN prefill
+    calls it made (None without the rig plugin's evidence on /metrics)."""
+
+    server: str  # server_label: the side, and its replica pair from 1 on
+    level: int
+    repeat: int
+    queries: float
+    hits: float
+    gdn_prefill_calls: int | None = None
+
+
+@dataclass(frozen=True)
+class LevelFault:
+    """A server-log fault (OOM, CUDA error, traceback, death) attributed to the level it hit."""
+
+    server: str  # server_label of the server whose log showed it
+    level: int | None
+    kind: str
+    line: str
+    failed_requests: str = ""  # ids of that server's requests that failed in that level
+    repeat: int = 0

@@ -10,12 +10,12 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rig.records import CompletionKey, RequestRecord, TokenLogprob
-from rig.report.files import LevelFault, PrefixCacheDelta, RunOutcome
+from rig.records import CompletionKey, LevelFault, PrefixCacheDelta, RequestRecord, TokenLogprob
 from rig.scenario.config import GatesConfig
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, decide
+from rig.verdict.outcome import RunOutcome
 
 XSS_IMG = '<img src=x onerror="window.__rigXss=1">'
 XSS_SCRIPT = "<script>window.__rigXss=2</script>"

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rig.records import REQUESTS_FILE
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -52,7 +54,7 @@ def assert_could_not_be_made(run: RigRun, message: str) -> None:
 
 def read_records(run_dir: Path) -> list[dict]:
     """Every line of requests.jsonl as JSON: a line cut short fails here."""
-    path = run_dir / "requests.jsonl"
+    path = run_dir / REQUESTS_FILE
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
@@ -119,7 +121,7 @@ class LiveRig:
 
     def records(self) -> list[dict]:
         """The complete lines written so far (the last one may be half written)."""
-        path = self.run_dir / "requests.jsonl"
+        path = self.run_dir / REQUESTS_FILE
         lines = path.read_text(encoding="utf-8").split("\n")[:-1] if path.exists() else []
         return [json.loads(line) for line in lines]
 

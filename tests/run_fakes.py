@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rig.records import REQUESTS_FILE
 from rig.run.state import RecordSink, RunContext, RunJournal, RunState
 from rig.scenario.config import Scenario
 from rig.scenario.workload import resolve_prompts
 from rig.serve.hardware import Hardware
-from rig.serve.plan import ServerPlan, plan_servers
+from rig.serve.plan import plan_servers
+from rig.serve.servers import Server
 
 
 def scenario(**overrides) -> Scenario:
@@ -29,22 +31,18 @@ def run_context(run_dir: Path, hardware: Hardware | None = None, **overrides) ->
 
 def open_journal(run_dir: Path, state: RunState | None = None) -> RunJournal:
     """A journal on run_dir's files; the caller closes its sink."""
-    return RunJournal(run_dir, state or RunState(), RecordSink.open(run_dir / "requests.jsonl"))
+    return RunJournal(run_dir, state or RunState(), RecordSink.open(run_dir / REQUESTS_FILE))
 
 
 @dataclass
-class FakeServer:
-    """A server that never ran: its log, exit code and memory are what the test set."""
+class FakeServer(Server):
+    """A server that never ran: its log, exit code and memory are what the test set; where it
+    answers (`target`) is the real Server's."""
 
-    plan: ServerPlan
     log: str = ""  # before a level starts
     logged_in_level: str = ""  # what the log gains once it has been sized
     exit_code: int | None = None
     rss: int = 2**30
-
-    @property
-    def base_url(self) -> str:
-        return self.plan.base_url
 
     def log_size(self) -> int:
         return len(self.log)

@@ -9,6 +9,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from perf_control import ControlRun, checks  # noqa: E402
 
+from rig.records import REQUESTS_FILE
+
 
 def test_a_run_that_compared_nothing_fails_its_check_instead_of_crashing(tmp_path):
     """An A/A whose candidate never started leaves an empty perf.csv and no finished request
@@ -16,7 +18,7 @@ def test_a_run_that_compared_nothing_fails_its_check_instead_of_crashing(tmp_pat
     run_dir = tmp_path / "aa"
     run_dir.mkdir()
     (run_dir / "perf.csv").write_text("")
-    (run_dir / "requests.jsonl").write_text("")
+    (run_dir / REQUESTS_FILE).write_text("")
     run = ControlRun("aa", None, returncode=1, run_dir=run_dir, wall_s=1.0)
     assert run.perf().empty
     ((passed, sentence),) = checks({"aa": run}, family_confidence=0.95)

@@ -1,10 +1,21 @@
-"""The records between stages: spec checks and the JSON round trip of a real answer."""
+"""The records between stages: spec checks, the JSON round trip of a real answer, the error
+kinds and the one reader of requests.jsonl."""
 
 from __future__ import annotations
 
 import pytest
 
-from rig.records import RequestRecord, RequestSpec, SamplingParams, TokenLogprob
+from rig.records import (
+    REQUESTS_FILE,
+    ErrorKind,
+    RequestRecord,
+    RequestSpec,
+    SamplingParams,
+    TokenLogprob,
+    error_kind,
+    is_transport_error,
+    read_records,
+)
 from rig.stub.server import serve_in_thread
 from tests.stub_requests import FAST, one_side, spec
 
@@ -21,3 +32,30 @@ def test_records_round_trip_through_json():
     assert "\n" not in line
     again = RequestRecord.from_json(line)
     assert again == record and isinstance(again.logprobs[0], TokenLogprob)
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "written"),
+    [
+        (ErrorKind.TIMEOUT, None, "timeout: t"),
+        (ErrorKind.HTTP, 503, "http_503: t"),
+        (ErrorKind.CANCELLED, None, "cancelled: t"),
+    ],
+)
+def test_an_error_is_written_and_read_back_by_its_kind(kind, status, written):
+    error = kind.error("t", status)
+    assert error == written
+    assert is_transport_error(error_kind(error))
+
+
+def test_only_a_cancelled_record_is_cancelled_and_the_reader_skips_blank_lines(tmp_path):
+    with serve_in_thread(FAST) as stub:
+        ok, timed_out = one_side(stub, [spec(0), spec(1)])
+    timed_out.error = ErrorKind.TIMEOUT.error("slow")
+    cancelled = RequestRecord(**{**ok.__dict__, "error": ErrorKind.CANCELLED.error("Ctrl-C")})
+    assert [r.cancelled for r in (ok, timed_out, cancelled)] == [False, False, True]
+    path = tmp_path / REQUESTS_FILE
+    path.write_text(ok.to_json() + "\n\n" + cancelled.to_json() + "\n")
+    assert read_records(path) == [ok, cancelled]
+    assert read_records(tmp_path / "absent.jsonl") == []
+    assert not is_transport_error("empty_output") and error_kind(": odd") == "error"

@@ -35,9 +35,16 @@ import numpy as np
 
 from rig.load.http_client import ConnectionPool, HttpResponse
 from rig.load.sse import PROTOCOL_ERRORS, StreamAccumulator, request_body
-from rig.records import RequestRecord, RequestSpec, ServerTarget, SideJob, empty_record
+from rig.records import (
+    ErrorKind,
+    RequestRecord,
+    RequestSpec,
+    ServerTarget,
+    SideJob,
+    empty_record,
+    server_label,
+)
 from rig.secrets import auth_headers
-from rig.serve.placement import server_label
 
 _ERROR_BODY_CHARS = 300
 
@@ -104,19 +111,19 @@ async def send_request(
         stream.finish()
         if response.status != 200:
             text = bytes(error_body).decode("utf-8", errors="replace")
-            record.error = f"http_{response.status}: {text}"
+            record.error = ErrorKind.HTTP.error(text, response.status)
         elif stream.problem is not None:
             record.error = stream.problem
         elif not stream.done:
-            record.error = "connection: the stream ended before data: [DONE]"
+            record.error = ErrorKind.CONNECTION.error("the stream ended before data: [DONE]")
     except TimeoutError:
-        record.error = f"timeout: no complete response within {timeout_s} s"
+        record.error = ErrorKind.TIMEOUT.error(f"no complete response within {timeout_s} s")
     except OSError as exc:
-        record.error = f"connection: {type(exc).__name__}: {exc}"
+        record.error = ErrorKind.CONNECTION.error(f"{type(exc).__name__}: {exc}")
     except PROTOCOL_ERRORS as exc:
-        record.error = f"malformed_sse: {type(exc).__name__}: {exc}"
+        record.error = ErrorKind.MALFORMED_SSE.error(f"{type(exc).__name__}: {exc}")
     except asyncio.CancelledError as exc:
-        record.error = "cancelled: the run was interrupted"
+        record.error = ErrorKind.CANCELLED.error("the run was interrupted")
         exc.record = record  # type: ignore[attr-defined]
         raise
     finally:
@@ -172,7 +179,7 @@ async def drive_side(
     in_flight: set[asyncio.Task] = set()
     emitted: set[str] = set()
     level_expired = False
-    expired_error = f"timeout: level deadline of {level_timeout_s} s passed"
+    expired_error = ErrorKind.TIMEOUT.error(f"level deadline of {level_timeout_s} s passed")
 
     emit_errors: list[Exception] = []
 

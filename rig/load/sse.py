@@ -11,7 +11,7 @@ import itertools
 import json
 from typing import Any
 
-from rig.records import RequestRecord, RequestSpec, TokenLogprob
+from rig.records import ErrorKind, RequestRecord, RequestSpec, TokenLogprob
 
 
 def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
@@ -85,7 +85,7 @@ class StreamAccumulator:
             try:
                 self._event(rest, self.token_times[-1] if self.token_times else self.start)
             except PROTOCOL_ERRORS as exc:
-                self._problem(f"malformed_sse: {type(exc).__name__}: {exc}")
+                self._problem(ErrorKind.MALFORMED_SSE.error(f"{type(exc).__name__}: {exc}"))
         record = self.record
         record.text = "".join(self.text_parts)
         record.token_ids = self.token_ids if self.saw_token_ids else None
@@ -108,10 +108,12 @@ class StreamAccumulator:
             try:
                 message = json.loads(payload)
             except UnicodeDecodeError:
-                self._problem("malformed_sse: invalid UTF-8 in an event")
+                self._problem(ErrorKind.MALFORMED_SSE.error("invalid UTF-8 in an event"))
                 message = json.loads(payload.decode("utf-8", errors="replace"))
             except ValueError as exc:
-                self._problem(f"malformed_sse: event is not JSON ({exc}): {payload[:80]!r}")
+                self._problem(
+                    ErrorKind.MALFORMED_SSE.error(f"event is not JSON ({exc}): {payload[:80]!r}")
+                )
                 continue
             self._message(message, received)
 
@@ -125,8 +127,11 @@ class StreamAccumulator:
         if error := message.get("error"):
             code = error.get("code") if isinstance(error, dict) else None
             detail = error.get("message") if isinstance(error, dict) else error
-            kind = f"http_{code}" if isinstance(code, int) else "malformed_sse"
-            self._problem(f"{kind}: error event in the stream: {detail}")
+            detail = f"error event in the stream: {detail}"
+            if isinstance(code, int):
+                self._problem(ErrorKind.HTTP.error(detail, code))
+            else:
+                self._problem(ErrorKind.MALFORMED_SSE.error(detail))
             return
         if usage := message.get("usage"):
             self.record.prompt_tokens = usage.get("prompt_tokens")

@@ -13,22 +13,22 @@ import json
 import re
 import shutil
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
-from rig.records import CompletionKey, RequestRecord, TokenLogprob
+from rig.records import LevelFault
 from rig.report.format import DASH, check, missing, number
 from rig.report.html import headline_texts, render_html
 from rig.report.mismatches import Decode, mismatch_order
 from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
-from rig.verdict.gates import SideKernel, Verdict
+from rig.verdict.gates import Verdict
 from rig.verdict.metrics import bench_results, request_frame, summary_frame
+from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import AA, candidate_rows, perf_frame
-from rig.verdict.speed import SpeedDesign
 
 REPORT_FILES = (
     "requests.csv",
@@ -41,59 +41,6 @@ REPORT_FILES = (
     "junit.xml",
     "manifest.json",
 )
-
-
-@dataclass(frozen=True)
-class PrefixCacheDelta:
-    """Prefix-cache queries and hits one side's server counted during one level, and the GDN
-    prefill calls it made (None without the rig plugin's evidence on /metrics)."""
-
-    side: str
-    level: int
-    repeat: int
-    queries: float
-    hits: float
-    gdn_prefill_calls: int | None = None
-
-
-@dataclass(frozen=True)
-class LevelFault:
-    """A server-log fault (OOM, CUDA error, traceback, death) attributed to the level it hit."""
-
-    side: str
-    level: int | None
-    kind: str
-    line: str
-    failed_requests: str = ""  # ids of that side's requests that failed in that level
-    repeat: int = 0
-
-
-@dataclass
-class RunOutcome:
-    """Everything a run produced; the report stage only renders it."""
-
-    run_id: str
-    run_dir: Path
-    scenario_name: str
-    manifest: dict
-    records: list[RequestRecord]
-    pairs: list[PairResult]
-    drift: list[DriftResult]
-    prefix_cache: list[PrefixCacheDelta]
-    faults: list[LevelFault]
-    kernels: dict[str, SideKernel]
-    verdict: Verdict
-    aa_pairs: list[PairResult] | None = None
-    aa_drift: list[DriftResult] | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    perf: pd.DataFrame | None = None  # rig.verdict.perf.perf_frame, with the A/A floor when it ran
-    error: str | None = None
-    prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
-    speed: SpeedDesign = field(default_factory=lambda: SpeedDesign(True))
-    comparison: str = ""  # "A/A: ..." for a reference against itself
-    reference_source: str = ""  # where the reference's results came from, when not this run
-    # Each side's teacher-forced replay along the reference completions (rig.verdict.drift.forced_positions)
-    replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -321,7 +268,7 @@ def _planted_lines(perf: pd.DataFrame | None) -> list[str]:
 def _jit_lines(faults: list[LevelFault]) -> list[str]:
     """Levels whose server log shows JIT compilation during timed requests: their latencies
     include compile time (a longer warm-up covers that shape)."""
-    levels = sorted({(f.level, f.repeat, f.side) for f in faults if f.kind == JIT_COMPILE})
+    levels = sorted({(f.level, f.repeat, f.server) for f in faults if f.kind == JIT_COMPILE})
     if not levels:
         return []
     where = ", ".join(f"C={level} repeat {repeat} ({side})" for level, repeat, side in levels)

@@ -21,13 +21,14 @@ from rig.report.format import cell, check, esc, number, table
 from rig.report.levels import levels_section
 from rig.report.mismatches import Decode, mismatches_section
 from rig.report.plots import drift_figure, margin_figure, side_margins
+from rig.verdict.gates import VerdictWord
 from rig.verdict.speed import speed_headline
 
 # --- verdict, gates, A/A floor, proofs -----------------------------------------------------
 
 
-def _verdict_class(word: str, passed: bool) -> str:
-    if word == "INVALID":
+def _verdict_class(word: VerdictWord, passed: bool) -> str:
+    if word is VerdictWord.INVALID:
         return "invalid"
     return "pass" if passed else "fail"
 
@@ -155,14 +156,14 @@ def evidence_section(outcome) -> str:
     )
     if cache:
         rows = [
-            cell(p.side)
+            cell(p.server)
             + cell(p.level, p.level, "num")
             + cell(p.repeat, p.repeat, "num")
             + cell(number(p.queries, digits=0), p.queries, "num")
             + cell(number(p.hits, digits=0), p.hits, "num" + (" bad" if p.hits else ""))
             for p in cache
         ]
-        readings = table(["side", "level", "repeat", "queries", "hits"], rows)
+        readings = table(["server", "level", "repeat", "queries", "hits"], rows)
         parts.append(
             f"<details><summary>per level ({len(cache)} readings)</summary>{readings}</details>"
         )
@@ -244,7 +245,7 @@ def faults_section(outcome) -> str:
     if not outcome.faults:
         return ""
     rows = [
-        cell(f.side)
+        cell(f.server)
         + cell(f.level, f.level, "num")
         + cell(f.kind)
         + cell(f.line, cls="mono")
@@ -253,7 +254,7 @@ def faults_section(outcome) -> str:
     ]
     return (
         '<section id="faults"><h2>Server-log faults</h2>'
-        + table(["side", "level", "kind", "log line", "failed requests"], rows)
+        + table(["server", "level", "kind", "log line", "failed requests"], rows)
         + "</section>"
     )
 

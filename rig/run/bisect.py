@@ -37,7 +37,8 @@ from kernels.runners import (
     recurrence_runner,
     reference_runner,
 )
-from rig.load.engine import RequestRecord, ServerTarget, SideJob, run_level
+from rig.load.engine import run_level
+from rig.records import RequestRecord, SideJob
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.workload import level_requests, resolve_prompts
 from rig.serve.hardware import Hardware
@@ -208,7 +209,7 @@ def capture_request(run: FinishedRun, request_id: str, out_dir: Path) -> Capture
                 before = set(list_captures(capture_dirs[side]))
                 for stale in before:  # start-up calls (profiling, warm-up) are not the request's
                     stale.unlink()
-                target = ServerTarget(side, server.base_url, server.plan.served_model)
+                target = server.target()
                 spec = request_spec(run, request_id, side, f"bisect-{out_dir.name}")
                 result = run_level(
                     [SideJob(target, [spec])],

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kernels.proof import STATS_DIR_ENV
-from rig.records import RequestRecord
+from rig.records import RequestRecord, read_records
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
 from rig.secrets import digest, redact_argv, redact_env
@@ -120,8 +120,7 @@ class GoldenCache:
         if not meta_path.exists():
             return None
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        with open(folder / "records.jsonl", encoding="utf-8") as handle:
-            records = [RequestRecord.from_json(line) for line in handle if line.strip()]
+        records = read_records(folder / "records.jsonl")
         sequences = [
             ForcedSequence(
                 s["prompt_id"], tuple(s["prompt_token_ids"]), tuple(s["completion_token_ids"])

@@ -7,8 +7,7 @@ import asyncio
 
 from rig.load.engine import run_level
 from rig.load.prefix_cache import PrefixCacheCounters, read_prefix_cache_counters
-from rig.records import RequestRecord, ServerTarget, SideJob
-from rig.report.files import LevelFault, PrefixCacheDelta
+from rig.records import LevelFault, PrefixCacheDelta, RequestRecord, ServerTarget, SideJob
 from rig.run.state import RunContext, RunJournal
 from rig.scenario.workload import level_requests, warmup_prompts
 from rig.serve.logs import scan_log
@@ -20,12 +19,7 @@ FAILED_IDS_SHOWN = 20
 
 def server_targets(servers: dict[str, Server]) -> dict[str, ServerTarget]:
     """Load targets by server label."""
-    return {
-        label: ServerTarget(
-            s.plan.side, s.base_url, s.plan.served_model, s.plan.api_key, s.plan.replica
-        )
-        for label, s in servers.items()
-    }
+    return {label: server.target() for label, server in servers.items()}
 
 
 def read_counters(targets: dict[str, ServerTarget]) -> dict[str, PrefixCacheCounters]:

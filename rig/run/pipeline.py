@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import NoReturn
 
 from rig.interrupts import InterruptsDeferred, interrupts_raise
-from rig.report.files import RunOutcome, remove_report, write_report
+from rig.records import REQUESTS_FILE
+from rig.report.files import remove_report, write_report
 from rig.report.manifest import build_manifest
 from rig.run.cache import GoldenCache
+from rig.run.conclude import build_outcome, side_kernels
 from rig.run.golden import GoldenLookup, cost_comparison, lookup_golden, store_golden, take_golden
 from rig.run.load_phase import run_load
-from rig.run.outcome import build_outcome, side_kernels
 from rig.run.phases import PhaseSteps, read_proofs, run_phases
 from rig.run.replay import run_aa, run_drift
 from rig.run.state import (
-    REQUESTS_FILE,
     RecordSink,
     RunContext,
     RunJournal,
@@ -46,6 +46,7 @@ from rig.serve.preflight import PreflightError, preflight, render_plan
 from rig.serve.servers import ServerError, ServerSet
 from rig.verdict.drift import REPLAY_FILE, write_replay
 from rig.verdict.gates import ExitCode, SideKernel
+from rig.verdict.outcome import RunOutcome
 
 EXIT_PASS, EXIT_ERROR = ExitCode.PASS, ExitCode.ERROR
 REPORT_NOTICE = "rig: interrupted while the report is written: finishing it (again to stop at once)"

@@ -88,9 +88,7 @@ def run_aa(ctx: RunContext, state: RunState, reference: Server) -> None:
     floor of identical kernels under other batch compositions (other decode batches, other
     chunked-prefill boundaries)."""
     workload = ctx.scenario.workload
-    target = ServerTarget(
-        AA_SIDE, reference.base_url, reference.plan.served_model, reference.plan.api_key
-    )
+    target = reference.target(side=AA_SIDE)
     specs = level_requests(
         workload,
         ctx.prompts,

@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kernels.proof import KernelProof
-from rig.records import RequestRecord
-from rig.report.files import LevelFault, PrefixCacheDelta
+from rig.records import REQUESTS_FILE, LevelFault, PrefixCacheDelta, RequestRecord, read_records
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.prompts import Prompt
 from rig.serve.plan import LaunchPlan
 from rig.verdict.drift import ForcedLogprobs, ForcedSequence
 
-REQUESTS_FILE = "requests.jsonl"
 PREFIX_CACHE_FILE = "prefix_cache.jsonl"
 FAULTS_FILE = "faults.jsonl"
 
@@ -119,7 +117,7 @@ class RunJournal:
 
 def finished(record: RequestRecord) -> bool:
     """Not cut off by an interrupt: a cancelled request says nothing about either kernel."""
-    return not (record.error or "").startswith("cancelled")
+    return not record.cancelled
 
 
 @dataclass(frozen=True)
@@ -134,10 +132,7 @@ def resume_from_disk(run_dir: Path, expected: int) -> Resumed:
     """Keep the levels an interrupted run finished on every side (`expected` records each);
     the others run again. The run's files are cut back to the kept levels."""
     records_path = run_dir / REQUESTS_FILE
-    records = []
-    if records_path.exists():
-        with open(records_path, encoding="utf-8") as handle:
-            records = [RequestRecord.from_json(line) for line in handle if line.strip()]
+    records = read_records(records_path)
     groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
     for record in records:
         groups.setdefault((record.side, record.level, record.repeat), []).append(record)

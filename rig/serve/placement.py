@@ -19,12 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rig.records import server_label
+
 SHARED_GPU_MEMORY_BUDGET = 0.88  # split between the servers sharing a GPU; room for contexts
-
-
-def server_label(side: str, replica: int) -> str:
-    """A server's name in logs, files and progress: the side, and its replica pair from 1 on."""
-    return side if replica == 0 else f"{side}-{replica}"
 
 
 class PlacementError(ValueError):

@@ -19,11 +19,12 @@ from pydantic import SecretStr
 from kernels.backends import GDN_BACKEND_FLAG, gdn_backend_args
 from kernels.proof import KERNEL_ENV
 from kernels.proof import STATS_DIR_ENV as STATS_ENV
+from rig.records import server_label
 from rig.scenario.config import SIDES, Scenario
 from rig.secrets import API_KEY_ENV, redact_env, reveal
 from rig.serve.hardware import Hardware
 from rig.serve.installs import SideInstall, container_argv, resolve_installs
-from rig.serve.placement import Placement, Slot, place_on_cpus, place_on_gpus, server_label
+from rig.serve.placement import Placement, Slot, place_on_cpus, place_on_gpus
 
 
 @dataclass(frozen=True)

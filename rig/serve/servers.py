@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rig.interrupts import interrupts_held
+from rig.records import ServerTarget
 from rig.secrets import auth_headers, redact_file, redact_text
 from rig.serve.logs import root_cause
 from rig.serve.plan import ServerPlan
@@ -53,6 +54,14 @@ class Server:
     @property
     def base_url(self) -> str:
         return self.plan.base_url
+
+    def target(self, side: str | None = None) -> ServerTarget:
+        """Where the load engine and the replay reach this server, with its API key; `side`
+        names the records it answers when that is not its own side (the A/A replay)."""
+        plan = self.plan
+        return ServerTarget(
+            side or plan.side, self.base_url, plan.served_model, plan.api_key, plan.replica
+        )
 
     def start(self) -> None:
         if self.plan.url is not None:

@@ -21,13 +21,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from rig.records import CompletionKey, RequestRecord, TokenLogprob
+from rig.records import (
+    REQUESTS_FILE,
+    CompletionKey,
+    RequestRecord,
+    TokenLogprob,
+    error_kind,
+    is_transport_error,
+    read_records,
+)
 from rig.verdict.drift import REPLAY_FILE, read_replay
 
 EXCERPT_CHARS = 40
 DivergenceKind = Literal["near_tie", "substantive", "unclassified"]
 
-TRANSPORT_ERRORS = ("timeout", "http_", "connection", "malformed_sse", "cancelled")
 # Each side's replay along the reference completions: side -> completion -> positions
 # (rig.verdict.drift.forced_positions).
 Replayed = Mapping[str, Mapping[CompletionKey, Sequence[TokenLogprob]]]
@@ -233,8 +240,7 @@ def content_pathologies(
     """(kind, detail) for what is wrong with one response on its own; `replayed`: its side's
     replay along the pair's reference completion (NaN/inf logprobs show a broken kernel)."""
     if record.error is not None:
-        kind = record.error.split(":", 1)[0].strip() or "error"
-        return [(kind, record.error)]
+        return [(error_kind(record.error), record.error)]
     found = []
     if record.text == "":
         found.append(("empty_output", f"finish_reason={record.finish_reason}"))
@@ -260,10 +266,6 @@ def content_pathologies(
     ):
         found.append(("length_overrun", f"{record.output_tokens} > max_tokens {max_tokens}"))
     return found
-
-
-def is_transport_error(kind: str) -> bool:
-    return kind.startswith(TRANSPORT_ERRORS)
 
 
 def pair_pathologies(
@@ -329,13 +331,12 @@ def compare_pairs(
     return results
 
 
-def read_records(run_dir: Path, side: str) -> list[RequestRecord]:
-    path = Path(run_dir) / "requests.jsonl"
+def side_records(run_dir: Path, side: str) -> list[RequestRecord]:
+    """The timed records of one side of a stored run."""
+    path = Path(run_dir) / REQUESTS_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such results file (is {run_dir} a rig run folder?)")
-    with open(path, encoding="utf-8") as handle:
-        records = [RequestRecord.from_json(line) for line in handle if line.strip()]
-    chosen = [r for r in records if r.side == side and not r.warmup]
+    chosen = [r for r in read_records(path) if r.side == side and not r.warmup]
     if not chosen:
         raise ValueError(f"{path}: no records for side {side!r}")
     return chosen
@@ -355,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--near-tie-margin", type=float, default=0.25)
     args = parser.parse_args(argv)
     try:
-        reference = read_records(args.run_a, args.side_a)
-        candidate = read_records(args.run_b, args.side_b)
+        reference = side_records(args.run_a, args.side_a)
+        candidate = side_records(args.run_b, args.side_b)
         if args.side_b == args.side_a:  # two runs' same side: keep their replays apart
             candidate = [replace(r, side=f"{r.side} (B)") for r in candidate]
         # A side's replay follows its run's reference completions: it serves wherever the

@@ -50,6 +50,16 @@ class GateKind(StrEnum):
     PERFORMANCE = "performance"  # fails the run, leaves the word alone
 
 
+class VerdictWord(StrEnum):
+    """The word that goes first in every report."""
+
+    IDENTICAL = "identical"
+    NEAR_TIES_IN_FLOOR = "equivalent up to near-ties within the A/A noise floor"
+    NEAR_TIES = "equivalent up to near-ties"
+    NOT_EQUIVALENT = "NOT equivalent"
+    INVALID = "INVALID"
+
+
 class ExitCode(IntEnum):
     """What `python -m rig.run` exits with, so CI tells a broken setup from a broken kernel."""
 
@@ -83,7 +93,7 @@ class Counts:
 
 @dataclass(frozen=True)
 class Verdict:
-    word: str
+    word: VerdictWord
     passed: bool
     gates: tuple[Gate, ...]
     counts: Counts
@@ -100,7 +110,7 @@ class Verdict:
             return ExitCode.ERROR
         if self.passed:
             return ExitCode.PASS
-        return ExitCode.INVALID if self.word == "INVALID" else ExitCode.FAILED
+        return ExitCode.INVALID if self.word is VerdictWord.INVALID else ExitCode.FAILED
 
 
 def count(
@@ -365,15 +375,15 @@ def _drift_floor_gate(drift_mean: float, floor: DriftFloor, factor: float) -> Ga
     )
 
 
-def verdict_word(gates: list[Gate], counts: Counts, aa_counts: Counts | None) -> str:
+def verdict_word(gates: list[Gate], counts: Counts, aa_counts: Counts | None) -> VerdictWord:
     """The word, from the kinds of the gates that failed and, when none did, the counts."""
     failed = {gate.kind for gate in gates if not gate.passed}
     if GateKind.VALIDITY in failed:
-        return "INVALID"
+        return VerdictWord.INVALID
     if GateKind.EQUIVALENCE in failed:
-        return "NOT equivalent"
+        return VerdictWord.NOT_EQUIVALENT
     if counts.identical == counts.pairs and counts.pairs > 0:
-        return "identical"
+        return VerdictWord.IDENTICAL
     if aa_counts is not None and counts.near_tie <= aa_counts.pairs - aa_counts.identical:
-        return "equivalent up to near-ties within the A/A noise floor"
-    return "equivalent up to near-ties"
+        return VerdictWord.NEAR_TIES_IN_FLOOR
+    return VerdictWord.NEAR_TIES

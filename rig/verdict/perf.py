@@ -322,7 +322,7 @@ def perf_frame(
     kernel, same concurrency: what identical kernels measure as a change). With a planted
     delay, what it planted (add_planted)."""
     records = list(records)
-    finished = [r for r in records if not (r.error or "").startswith("cancelled")]
+    finished = [r for r in records if not r.cancelled]
     reference = [r for r in finished if r.side == "reference"]
     candidate = [r for r in finished if r.side == "candidate"]
     frame = compare_levels(reference, candidate, confidence=confidence)
@@ -357,7 +357,7 @@ def add_planted(
     metric of PLANTED_METRICS `<m>_planted_pct` (that time over the reference's mean, in
     percent) and `<m>_planted_inside_ci` (whether the interval holds it). Other levels batch
     several requests' prefills into one call: nothing is claimed there."""
-    timed = [r for r in records if not r.warmup and not (r.error or "").startswith("cancelled")]
+    timed = [r for r in records if not r.warmup and not r.cancelled]
     frame = frame.copy()
     for index, row in frame.iterrows():
         if row["comparison"] != CANDIDATE or row["level"] != 1:

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from rig.records import REQUESTS_FILE
+
 from .conftest import REPO, rig_processes
 
 
@@ -90,7 +92,7 @@ def test_sigterm_stops_servers_keeps_results_and_resume_finishes(tmp_path, tiny_
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    records = tmp_path / "interrupted" / "requests.jsonl"
+    records = tmp_path / "interrupted" / REQUESTS_FILE
     first_level = 2 * 18  # both sides, 18 prompts at C=1
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline and process.poll() is None:

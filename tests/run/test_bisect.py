@@ -2,17 +2,21 @@
 with the side closer to the float64 recurrence; upstream divergences and clean pairs are told
 apart; a run folder it cannot use is one `rig: error:` line."""
 
+import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from kernels.capture import Capture, CaptureMeta
 from kernels.cases import CPU_SHAPE, correlated_key_inputs
 from kernels.runners import VLLM_CPU_REFERENCE
+from rig.records import ServerTarget, empty_record
 from rig.run import bisect
-from rig.scenario.config import load_scenario
+from rig.scenario.config import SIDES, load_scenario
+from rig.serve.servers import Server
 
 LAYERS = ("model.layers.0.linear_attn", "model.layers.2.linear_attn")
 
@@ -87,3 +91,30 @@ def test_a_run_without_divergences_has_nothing_to_bisect(tmp_path, capsys):
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     assert bisect.main([str(tmp_path)]) == bisect.EXIT_ERROR
     assert "no divergent pair" in capsys.readouterr().err
+
+
+def test_the_bisect_sends_each_side_its_api_key(tmp_path, monkeypatch):
+    """The bisect's servers get VLLM_API_KEY from the scenario; its requests must carry it."""
+    scenario = load_scenario(Path("scenarios/lm-control.yaml"))
+    keyed = {
+        side: scenario.side(side).model_copy(update={"api_key": SecretStr(f"sk-{side}")})
+        for side in SIDES
+    }
+    run = bisect.FinishedRun(tmp_path, scenario.model_copy(update=keyed), "model")
+    sent: dict[str, ServerTarget] = {}
+
+    @contextlib.contextmanager
+    def servers_not_started(plans, startup_timeout_s):
+        yield {plan.side: Server(plan) for plan in plans}
+
+    def answer(jobs, concurrency, **kwargs):
+        (job,) = jobs
+        sent[job.target.side] = job.target
+        return {job.target.side: [empty_record(job.target, job.specs[0])]}
+
+    monkeypatch.setattr(bisect, "ServerSet", servers_not_started)
+    monkeypatch.setattr(bisect, "run_level", answer)
+    bisect.capture_request(run, "c4-r0-0007", tmp_path / "bisect")
+    assert {side: t.api_key.get_secret_value() for side, t in sent.items()} == {
+        side: f"sk-{side}" for side in SIDES
+    }

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+from rig.records import REQUESTS_FILE
 from rig.run.cache import GoldenCache
 from rig.run.golden import cost_comparison, lookup_golden, store_golden, take_golden
 from rig.run.state import RunState
@@ -46,7 +47,7 @@ def test_clean_reference_results_come_back_for_the_next_candidate(tmp_path, make
     journal.sink.close()
     assert plan.phases == (("candidate",),)
     assert [r.side for r in journal.state.records] == ["reference"]
-    assert (second_dir / "requests.jsonl").read_text().count("\n") == 1
+    assert (second_dir / REQUESTS_FILE).read_text().count("\n") == 1
     assert journal.state.forced["reference"][0].logprobs == (None, -0.5, -0.1)
     assert journal.state.sequences == [ForcedSequence("p0", (1, 2), (3,))]
 

@@ -4,6 +4,7 @@ import pytest
 
 import rig.run.load_phase
 from rig.load.prefix_cache import PrefixCacheCounters
+from rig.records import REQUESTS_FILE
 from rig.run.load_phase import (
     failed_requests,
     level_jobs,
@@ -99,9 +100,9 @@ def test_a_level_keeps_its_records_faults_and_prefix_cache_deltas(level_run):
     assert sent[1] == (3, [("reference", 5), ("candidate", 5)])
     state = journal.state
     assert len(state.records) == 10  # the warm-up's are not kept
-    assert (ctx.run_dir / "requests.jsonl").read_text().count("\n") == 10
-    assert [(f.side, f.kind) for f in state.faults] == [("candidate", "traceback")]
-    assert [(d.side, d.queries, d.hits, d.gdn_prefill_calls) for d in state.prefix_cache] == [
+    assert (ctx.run_dir / REQUESTS_FILE).read_text().count("\n") == 10
+    assert [(f.server, f.kind) for f in state.faults] == [("candidate", "traceback")]
+    assert [(d.server, d.queries, d.hits, d.gdn_prefill_calls) for d in state.prefix_cache] == [
         ("reference", 8, 1, 6),
         ("candidate", 8, 1, 6),
     ]

@@ -3,6 +3,7 @@ each stage has its own tests/run/test_<stage>.py)."""
 
 import pytest
 
+from rig.records import REQUESTS_FILE
 from rig.run.cache import GoldenCache
 from rig.run.golden import lookup_golden, store_golden
 from rig.run.pipeline import EXIT_ERROR, Runner, _check_resumable, main
@@ -49,7 +50,7 @@ def test_prepare_takes_the_reference_from_the_cache_and_starts_only_the_candidat
     assert runner.golden.entry.source_run == "first"
     assert runner.ctx.plan.phases == (("candidate",),)
     assert [r.side for r in runner.state.records] == ["reference"]
-    assert (run_dir / "requests.jsonl").read_text().count("\n") == 1
+    assert (run_dir / REQUESTS_FILE).read_text().count("\n") == 1
 
 
 def test_prepare_for_resume_keeps_the_interrupted_runs_own_reference(
@@ -58,7 +59,7 @@ def test_prepare_for_resume_keeps_the_interrupted_runs_own_reference(
     cache, first = filled_cache
     run_dir = tmp_path / "interrupted"
     run_dir.mkdir()
-    (run_dir / "requests.jsonl").write_text(
+    (run_dir / REQUESTS_FILE).write_text(
         make_record("reference", "c1-r0-0000").to_json() + "\n"  # the candidate never answered
     )
     runner = Runner.prepare(first.scenario, "i", run_dir, first.plan, "/m", cache, resume=True)

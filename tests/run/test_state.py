@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rig.report.files import LevelFault, PrefixCacheDelta
+from rig.records import REQUESTS_FILE, LevelFault, PrefixCacheDelta
 from rig.run.state import (
     FAULTS_FILE,
     PREFIX_CACHE_FILE,
@@ -28,7 +28,7 @@ def test_resume_keeps_finished_levels_and_their_faults_but_not_a_level_whose_ser
     tmp_path, make_record
 ):
     write_records(
-        tmp_path / "requests.jsonl",
+        tmp_path / REQUESTS_FILE,
         [
             make_record(side, f"c{level}-r0-0000", level=level)
             for level in (1, 2)
@@ -42,7 +42,7 @@ def test_resume_keeps_finished_levels_and_their_faults_but_not_a_level_whose_ser
     assert [f.kind for f in resumed.state.faults] == ["traceback"]
     assert {r.level for r in resumed.state.records} == {1}
     assert "server_died" not in (tmp_path / FAULTS_FILE).read_text()
-    kept = (tmp_path / "requests.jsonl").read_text().splitlines()
+    kept = (tmp_path / REQUESTS_FILE).read_text().splitlines()
     assert [json.loads(line)["level"] for line in kept] == [1, 1]
 
 
@@ -51,7 +51,7 @@ def test_resume_runs_again_a_level_one_side_did_not_finish(tmp_path, make_record
         make_record(side, f"c1-r0-000{i}") for side in ("reference", "candidate") for i in (0, 1)
     ]
     records[-1] = make_record("candidate", "c1-r0-0001", error="cancelled: interrupted")
-    write_records(tmp_path / "requests.jsonl", records + [make_record("reference", "c2", level=2)])
+    write_records(tmp_path / REQUESTS_FILE, records + [make_record("reference", "c2", level=2)])
     append_jsonl(tmp_path / PREFIX_CACHE_FILE, PrefixCacheDelta("reference", 1, 0, 4.0, 0.0))
     resumed = resume_from_disk(tmp_path, expected=2)
     assert resumed.done_levels == set()
@@ -86,7 +86,7 @@ class DiskFullAfter:
 
 
 def test_a_record_the_disk_cannot_take_is_cut_back_out(tmp_path, make_record):
-    path = tmp_path / "requests.jsonl"
+    path = tmp_path / REQUESTS_FILE
     first = make_record("reference", "q0")
     room = len(first.to_json()) + 1 + 10  # the first line and ten bytes of the second
     with open(path, "ab", buffering=0) as handle:
@@ -105,7 +105,7 @@ def test_the_journal_keeps_state_and_files_together(tmp_path, make_record):
     journal.record_prefix_cache(PrefixCacheDelta("candidate", 1, 0, 8.0, 0.0, 3))
     journal.sink.close()
     assert [r.request_id for r in state.records] == ["q0"]
-    assert (tmp_path / "requests.jsonl").read_text().count("\n") == 1
+    assert (tmp_path / REQUESTS_FILE).read_text().count("\n") == 1
     assert read_jsonl(tmp_path / FAULTS_FILE, LevelFault) == state.faults
     assert read_jsonl(tmp_path / PREFIX_CACHE_FILE, PrefixCacheDelta) == state.prefix_cache
     assert read_jsonl(tmp_path / "absent.jsonl", LevelFault) == []

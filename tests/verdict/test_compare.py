@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from rig.records import TokenLogprob
+from rig.records import REQUESTS_FILE, TokenLogprob, is_transport_error
 from rig.verdict.compare import (
     EXCERPT_CHARS,
     PairResult,
@@ -10,9 +10,8 @@ from rig.verdict.compare import (
     compare_pairs,
     content_pathologies,
     first_divergence,
-    is_transport_error,
     pair_pathologies,
-    read_records,
+    side_records,
 )
 from rig.verdict.compare import main as compare_main
 from rig.verdict.drift import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
@@ -421,7 +420,7 @@ def test_as_row_flattens_the_divergence(make_record):
 def store(run_dir, records):
     run_dir.mkdir()
     lines = "".join(record.to_json() + "\n" for record in records)
-    (run_dir / "requests.jsonl").write_text(lines, encoding="utf-8")
+    (run_dir / REQUESTS_FILE).write_text(lines, encoding="utf-8")
     return run_dir
 
 
@@ -432,17 +431,17 @@ def test_read_records_keeps_one_side_without_warmups(make_record, tmp_path):
         make_record("reference", "warmup-q0", warmup=True),
         make_record("candidate", "q0"),
     ]
-    (record,) = read_records(store(tmp_path / "run", records), "reference")
+    (record,) = side_records(store(tmp_path / "run", records), "reference")
     assert record.request_id == "q0"
     assert record.logprobs == [TokenLogprob(3, -0.5, top)]  # int token ids survive JSON
 
 
 def test_read_records_errors(make_record, tmp_path):
-    with pytest.raises(FileNotFoundError, match="requests.jsonl"):
-        read_records(tmp_path, "reference")
+    with pytest.raises(FileNotFoundError, match=REQUESTS_FILE):
+        side_records(tmp_path, "reference")
     run = store(tmp_path / "run", [make_record("reference", "q0")])
     with pytest.raises(ValueError, match="'candidate'"):
-        read_records(run, "candidate")
+        side_records(run, "candidate")
 
 
 def test_main_compares_two_stored_runs(make_record, tmp_path, capsys):

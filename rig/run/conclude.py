@@ -8,7 +8,7 @@ from dataclasses import replace
 from kernels.backends import reference_kernel_name
 from kernels.proof import KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
-from rig.report.files import PrefixCacheDelta, RunOutcome
+from rig.records import PrefixCacheDelta
 from rig.report.manifest import build_manifest
 from rig.run.cache import GoldenEntry
 from rig.run.replay import AA_SIDE, aa_concurrency
@@ -19,7 +19,8 @@ from rig.serve.logs import ADVISORY_LOG_KINDS
 from rig.serve.plan import LaunchPlan
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
-from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, decide
+from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, VerdictWord, decide
+from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import PlantedDelay, perf_frame
 from rig.verdict.speed import apply_design, speed_design
 
@@ -111,7 +112,7 @@ def planted_delay(
     delay_ms = planted_delay_ms(kernel)
     calls: dict[tuple[int, int], int] = {}
     for delta in prefix_cache:
-        server = plan.servers.get(delta.side)
+        server = plan.servers.get(delta.server)
         if server is None or server.side != "candidate":
             continue
         if delta.gdn_prefill_calls is None:
@@ -156,7 +157,8 @@ def side_drift(state: RunState, side: str) -> list[DriftResult]:
 def failed_verdict(verdict: Verdict, error: str) -> Verdict:
     """The verdict of a run that did not complete: it cannot pass."""
     gates = (*verdict.gates, Gate("run completed", False, error.splitlines()[0]))
-    word = "NOT equivalent" if verdict.word != "INVALID" else verdict.word
+    invalid = verdict.word is VerdictWord.INVALID
+    word = verdict.word if invalid else VerdictWord.NOT_EQUIVALENT
     return replace(verdict, word=word, passed=False, gates=gates)
 
 

@@ -1,11 +1,11 @@
 """The outcome from a run's state, without servers: kernels per side, the planted delay, and
 the verdict of a run that did not complete."""
 
-import rig.run.outcome
+import rig.run.conclude
 from kernels.proof import KernelProof
-from rig.report.files import PrefixCacheDelta
+from rig.records import PrefixCacheDelta
 from rig.run.cache import GoldenEntry
-from rig.run.outcome import (
+from rig.run.conclude import (
     build_outcome,
     candidate_should_run,
     failed_verdict,
@@ -16,7 +16,7 @@ from rig.run.outcome import (
     side_kernels,
 )
 from rig.run.state import RunState
-from rig.verdict.gates import Counts, Gate, SideKernel, Verdict
+from rig.verdict.gates import Counts, Gate, SideKernel, Verdict, VerdictWord
 from tests.run_fakes import run_context, scenario
 
 
@@ -32,19 +32,19 @@ def test_aa_run_means_identically_configured_sides():
 
 def test_a_run_that_did_not_complete_cannot_pass_and_invalid_stays_invalid():
     counts = Counts(3, 3, 0, 0, 0, 0.0, 0.0, 0.0, 0)
-    passed = Verdict("identical", True, (Gate("text", True, "all"),), counts)
+    passed = Verdict(VerdictWord.IDENTICAL, True, (Gate("text", True, "all"),), counts)
     failed = failed_verdict(passed, "interrupted (Ctrl-C)\nmore")
     assert (failed.word, failed.passed) == ("NOT equivalent", False)
     assert failed.gates[-1] == Gate("run completed", False, "interrupted (Ctrl-C)")
     assert failed.counts is counts
-    invalid = Verdict("INVALID", False, (), counts)
+    invalid = Verdict(VerdictWord.INVALID, False, (), counts)
     assert failed_verdict(invalid, "x").word == "INVALID"
 
 
 def test_side_kernels_join_a_sides_servers_and_take_a_cached_reference(tmp_path, monkeypatch):
     ctx = run_context(tmp_path, candidate={"kernel": "ns4"})
     monkeypatch.setattr(
-        rig.run.outcome, "read_kernel_proof", lambda log, stats: proof("ns4", 7, "log")
+        rig.run.conclude, "read_kernel_proof", lambda log, stats: proof("ns4", 7, "log")
     )
     proofs = {"reference": proof("vllm-cpu-native", 5)}
     kernels = side_kernels(ctx.plan, proofs, None)
