@@ -9,7 +9,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from perf_control import ControlRun, checks  # noqa: E402
 
-from rig.records import REQUESTS_FILE
+from rig.records import REQUESTS_FILE  # noqa: E402
 
 
 def test_a_run_that_compared_nothing_fails_its_check_instead_of_crashing(tmp_path):

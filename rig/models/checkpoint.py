@@ -9,7 +9,8 @@ import importlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -29,6 +30,19 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run a block on `threads` CPU threads, then give back the caller's count. Float
+    reductions are summed in another order on another thread count, so weights built with a
+    fixed count are the same bytes on every machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:

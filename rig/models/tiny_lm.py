@@ -1,6 +1,6 @@
 """`tiny-lm`: an embedded Qwen3-Next model trained here to behave like a small language model.
 
-The constructed `tiny` model (rig/models/tiny_model.py) proves the control but is a poor test subject
+The constructed `tiny` model (models/tiny_model.py) proves the control but is a poor test subject
 for the rest: its next token depends on the last token only and its greedy margins are ~11
 nats, so every chat prompt gets the same completion and no correct kernel ever meets a
 near-tie. This model is trained instead, deterministically on CPU in a few minutes, on a text
@@ -35,11 +35,12 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from rig.models import tiny_model, tiny_qwen35
+from rig.models import tiny_model
 from rig.models.checkpoint import (
     SPECIAL_TOKENS,
     ensure_built,
     sources_sha256,
+    torch_threads,
     train_tokenizer,
     write_checkpoint,
 )
@@ -256,7 +257,6 @@ def train(
     can never turn into "one side stopped, the other ran on".
     """
     torch.manual_seed(recipe.seed)
-    torch.set_num_threads(recipe.threads)
     generator = torch.Generator().manual_seed(recipe.seed)
     weights = initial_weights(recipe, generator)
     planted = planted_regime(recipe, weights, torch.Generator().manual_seed(recipe.seed + 1))
@@ -316,7 +316,8 @@ def build_tiny_lm(out_dir: Path, recipe: TinyLmRecipe) -> Path:
     stream = training_stream(tokenizer, paragraphs)
     _progress(f"training on {len(stream)} tokens, {recipe.threads} threads")
     silent = [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]
-    weights = train(recipe, stream, silent, _progress)
+    with torch_threads(recipe.threads):
+        weights = train(recipe, stream, silent, _progress)
     served = {name: t.to(torch.bfloat16).contiguous() for name, t in weights.items()}
     write_checkpoint(out_dir, recipe, tokenizer, served, RECIPE_FILE)
     _progress(f"built in {time.monotonic() - started:.1f} s: {out_dir}")
@@ -331,19 +332,6 @@ def ensure_tiny_lm(cache_root: Path = DEFAULT_CACHE_ROOT) -> Path:
 
 def load_recipe(model_dir: Path) -> TinyLmRecipe:
     return TinyLmRecipe.model_validate_json((Path(model_dir) / RECIPE_FILE).read_text())
-
-
-EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {
-    "tiny": tiny_model.ensure_tiny_model,
-    "tiny-lm": ensure_tiny_lm,
-    "tiny-gdn": tiny_model.ensure_tiny_gdn_model,
-    "tiny-qwen35": tiny_qwen35.ensure_tiny_qwen35_model,
-}
-
-
-def ensure_embedded_model(name: str) -> Path:
-    """The folder of embedded model `name` (a key of EMBEDDED_MODELS), built on first use."""
-    return EMBEDDED_MODELS[name]()
 
 
 def _progress(message: str) -> None:

@@ -25,10 +25,11 @@ Attention and MoE layers are small random perturbations: they run (vLLM needs th
 deciding the text. The tokenizer is a byte-level BPE trained on the prompts the scenarios send,
 so a prompt change rebuilds the model (the corpus hash is one of the parameters).
 
-`tiny-gdn` (TINY_GDN_PARAMS; `python -m rig.models.tiny_model --gdn`) is the same construction at the
-GDN shape of one TP2 rank of Qwen3.5-397B, six GDN layers to two attention layers, its 32 value
-heads sharing the residual's four code slices: a model whose long-prompt prefill is mostly GDN
-work, so that a GDN kernel's speed shows end to end on a GPU (scenarios/gpu-gdn-prefill.yaml).
+`tiny-gdn` (TINY_GDN_PARAMS; `python -m rig.models.tiny_model --gdn`) is the same
+construction at the GDN shape of one TP2 rank of Qwen3.5-397B, six GDN layers to two attention
+layers, its 32 value heads sharing the residual's four code slices: a model whose long-prompt
+prefill is mostly GDN work, so that a GDN kernel's speed shows end to end on a GPU
+(scenarios/gpu-gdn-prefill.yaml).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from rig.models.checkpoint import (
     SPECIAL_TOKENS,
     ensure_built,
     sources_sha256,
+    torch_threads,
     train_tokenizer,
     write_checkpoint,
 )
@@ -336,7 +338,8 @@ def build_tiny_model(
     _progress(f"training a {params.vocab_size}-token byte-level BPE on {len(texts)} texts")
     tokenizer = train_tokenizer(texts, params.vocab_size)
     _progress(f"constructing weights (seed {params.seed})")
-    weights = construct_weights(params, tokenizer)
+    with torch_threads(1):
+        weights = construct_weights(params, tokenizer)
     write_checkpoint(out_dir, params, tokenizer, weights, PARAMS_FILE)
     _progress(f"built in {time.monotonic() - started:.1f} s: {out_dir}")
     return out_dir

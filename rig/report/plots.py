@@ -199,7 +199,7 @@ def position_margin(position: TokenLogprob) -> float | None:
 def side_margins(
     replayed: dict[str, dict[CompletionKey, Sequence[TokenLogprob]]],
 ) -> list[SideMargins]:
-    """Per side (reference first), the margins along every completion it replayed (rig.verdict.drift:
+    """Per side (reference first), the margins along every completion it replayed (drift.py:
     the timed requests carry no logprobs). Empty when no position is measurable."""
     by_side: dict[str, list[float]] = {}
     for side, completions in replayed.items():

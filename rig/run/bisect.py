@@ -1,4 +1,5 @@
-"""`python -m rig.run.bisect RUN_DIR [--request-id ID]`: trace a divergent pair to its first GDN call.
+"""`rig bisect RUN_DIR [--request-id ID]` (`python -m rig.run.bisect`): trace a divergent pair
+to its first GDN call.
 
 A finished run says *that* the candidate's text differs; this says *where*. It starts both
 sides again from the run's own manifest (same model, argv and environment, plus

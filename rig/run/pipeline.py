@@ -38,7 +38,7 @@ from rig.run.state import (
     resume_from_disk,
 )
 from rig.scenario.config import Scenario, ScenarioError, load_scenario
-from rig.scenario.prompts import PromptFileError
+from rig.scenario.prompts import Prompt, PromptFileError
 from rig.scenario.workload import WorkloadError, resolve_prompts
 from rig.serve.hardware import Hardware
 from rig.serve.plan import LaunchPlan
@@ -71,12 +71,12 @@ class Runner:
         run_dir: Path,
         plan: LaunchPlan,
         model_path: str,
+        prompts: list[Prompt],
         cache: GoldenCache | None,
         resume: bool = False,
     ) -> Runner:
         """Resume an interrupted run's finished levels, open the record sink, and take the
         reference from the golden cache when it holds it."""
-        prompts = resolve_prompts(scenario.workload)
         done_levels: frozenset[tuple[int, int]] = frozenset()
         state = RunState()
         if resume:
@@ -226,7 +226,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ScenarioError(f"results folder {run_dir}: {exc.strerror}") from None
         cache = None if args.no_cache else GoldenCache(args.cache_dir)
         runner = Runner.prepare(
-            scenario, run_id, run_dir, checked.plan, checked.model.path, cache, resume=args.resume
+            scenario,
+            run_id,
+            run_dir,
+            checked.plan,
+            checked.model.path,
+            prompts,
+            cache,
+            resume=args.resume,
         )
         (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
         servers = build_manifest(scenario, runner.ctx.plan, runner.ctx.model_path)["servers"]

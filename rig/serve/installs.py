@@ -2,7 +2,7 @@
 (`python:`), a `vllm` executable (`vllm_executable:`), or a command that runs `vllm serve`, such
 as a container (`command:`); none for a server attached by `url:`.
 
-Each is probed before any server starts (rig/serve/install_probe.py runs in its interpreter), so that
+Each is probed before any server starts (install_probe.py runs in its interpreter), so that
 preflight refuses a side that cannot serve (no such interpreter, no vLLM there, the rig's plugin
 or the user's kernel function not importable, a container tool missing) and two sides that
 differ in more than the scenario declares, in seconds and with no server left behind. The
@@ -46,7 +46,7 @@ class InstallError(ValueError):
 
 @dataclass(frozen=True)
 class InstallFacts:
-    """What the probe found in a side's interpreter (rig/serve/install_probe.py's fields); None where
+    """What the probe found in a side's interpreter (install_probe.py's fields); None where
     it could not look (a container before it starts)."""
 
     python: str | None = None

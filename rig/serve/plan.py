@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from kernels.backends import GDN_BACKEND_FLAG, gdn_backend_args
 from kernels.proof import KERNEL_ENV
 from kernels.proof import STATS_DIR_ENV as STATS_ENV
+from rig.models.embedded import is_embedded
 from rig.records import server_label
 from rig.scenario.config import SIDES, Scenario
 from rig.secrets import API_KEY_ENV, redact_env, reveal
@@ -223,7 +224,9 @@ def plan_servers(
     puts it."""
     installs = installs if installs is not None else resolve_installs(scenario, sides)
     model = scenario.model
-    served_model = model.served_name or (f"rig-{model.name}" if model.is_embedded else model.name)
+    served_model = model.served_name or (
+        f"rig-{model.name}" if is_embedded(model.name) else model.name
+    )
     attached = [side for side in sides if scenario.side(side).url is not None]
     launched = tuple(side for side in sides if side not in attached)
     placement = place(scenario, hardware, launched, copies)

@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rig.models.embedded import ensure_embedded_model, is_embedded
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.installs import InstallError, SideInstall, install_skew, resolve_installs
@@ -102,9 +103,7 @@ def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
     """Find the model without loading it: PreflightError when it cannot be had."""
     name = scenario.model.name
     declared = int(scenario.model.weights_gib * GIB) if scenario.model.weights_gib else None
-    if scenario.model.is_embedded:
-        from rig.models.tiny_lm import ensure_embedded_model
-
+    if is_embedded(name):
         folder = ensure_embedded_model(name)
         return ModelLocation(str(folder), "embedded", checkpoint_bytes(folder))
     path = Path(name).expanduser()

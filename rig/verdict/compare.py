@@ -30,6 +30,7 @@ from rig.records import (
     is_transport_error,
     read_records,
 )
+from rig.scenario.config import GatesConfig
 from rig.verdict.drift import REPLAY_FILE, read_replay
 
 EXCERPT_CHARS = 40
@@ -353,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_b", type=Path)
     parser.add_argument("--side-a", default="reference")
     parser.add_argument("--side-b", default="candidate")
-    parser.add_argument("--near-tie-margin", type=float, default=0.25)
+    parser.add_argument(
+        "--near-tie-margin",
+        type=float,
+        default=GatesConfig.model_fields["near_tie_margin"].default,
+        help="nats (default %(default)s, as gates.near_tie_margin)",
+    )
     args = parser.parse_args(argv)
     try:
         reference = side_records(args.run_a, args.side_a)

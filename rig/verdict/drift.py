@@ -6,7 +6,7 @@ Drift compares the logprob each side gives the same next token: text equality hi
 (a broken kernel can still pick the same greedy tokens) and exaggerates benign ones (a bf16
 near-tie flips a token). The top-k are the margin evidence: where a pair's texts first part,
 both sides have seen the same prefix (the reference's), so the reference completion's replay
-holds both sides' top-k at the divergent token (rig.verdict.compare classifies it from them) and every
+holds both sides' top-k at the divergent token (compare.py classifies it from them) and every
 position's greedy margin (the report's margin CDF). The timed requests carry no logprobs.
 """
 

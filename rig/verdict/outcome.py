@@ -39,5 +39,5 @@ class RunOutcome:
     speed: SpeedDesign = field(default_factory=lambda: SpeedDesign(True))
     comparison: str = ""  # "A/A: ..." for a reference against itself
     reference_source: str = ""  # where the reference's results came from, when not this run
-    # Each side's teacher-forced replay along the reference completions (rig.verdict.drift.forced_positions)
+    # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)

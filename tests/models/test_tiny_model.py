@@ -12,8 +12,9 @@ import torch
 from safetensors import safe_open
 
 from rig import PROJECT_ROOT
-from rig.models import qwen3_next, tiny_lm, tiny_model
+from rig.models import qwen3_next, tiny_model
 from rig.models.checkpoint import load_weights
+from rig.models.embedded import is_embedded
 from rig.models.qwen3_next import GdnKernelInputs
 from rig.models.tiny_model import (
     REGIME_DIM,
@@ -24,7 +25,6 @@ from rig.models.tiny_model import (
     ensure_tiny_model,
     load_params,
 )
-from rig.scenario import config as scenario
 from rig.scenario.config import load_scenario
 from rig.scenario.prompts import build_long_prompt, load_prompts
 from rig.scenario.workload import resolve_prompts
@@ -225,8 +225,7 @@ def gdn_built(tmp_path_factory) -> Path:
 
 
 def test_tiny_gdn_is_registered_and_cached_by_its_params(gdn_built):
-    assert "tiny-gdn" in scenario.EMBEDDED_MODELS and "tiny-gdn" in tiny_lm.EMBEDDED_MODELS
-    assert scenario.ModelConfig(name="tiny-gdn").is_embedded
+    assert is_embedded("tiny-gdn")
     params = load_params(gdn_built)
     assert gdn_built.name == params.key() == default_params(**TINY_GDN_PARAMS).key()
     assert params.key() != default_params().key()

@@ -45,7 +45,9 @@ def test_prepare_takes_the_reference_from_the_cache_and_starts_only_the_candidat
     cache, first = filled_cache
     run_dir = tmp_path / "second"
     run_dir.mkdir()
-    runner = Runner.prepare(first.scenario, "second", run_dir, first.plan, "/m", cache)
+    runner = Runner.prepare(
+        first.scenario, "second", run_dir, first.plan, "/m", first.prompts, cache
+    )
     runner.journal.sink.close()
     assert runner.golden.entry.source_run == "first"
     assert runner.ctx.plan.phases == (("candidate",),)
@@ -62,7 +64,9 @@ def test_prepare_for_resume_keeps_the_interrupted_runs_own_reference(
     (run_dir / REQUESTS_FILE).write_text(
         make_record("reference", "c1-r0-0000").to_json() + "\n"  # the candidate never answered
     )
-    runner = Runner.prepare(first.scenario, "i", run_dir, first.plan, "/m", cache, resume=True)
+    runner = Runner.prepare(
+        first.scenario, "i", run_dir, first.plan, "/m", first.prompts, cache, resume=True
+    )
     runner.journal.sink.close()
     assert runner.golden.entry is None and runner.cache is None
     assert runner.done_levels == set() and runner.state.records == []
