@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kernels.proof import read_stats  # noqa: E402
-from rig.scenario.config import SIDES, load_scenario  # noqa: E402
-from rig.scenario.prompts import build_long_prompt  # noqa: E402
+from rig.scenario.config import SIDES  # noqa: E402
+from rig.scenario.loader import load_scenario  # noqa: E402
+from rig.scenario.long_prompts import build_long_prompt  # noqa: E402
 from rig.serve.hardware import Hardware  # noqa: E402
 from rig.serve.preflight import preflight  # noqa: E402
 from rig.serve.servers import ServerSet  # noqa: E402

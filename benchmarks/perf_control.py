@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rig.records import REQUESTS_FILE, read_records  # noqa: E402
-from rig.report.files import delta_md  # noqa: E402
+from rig.report.markdown import delta_md  # noqa: E402
 from rig.verdict.perf import NOISE, PERF_METRICS, SLOWER, candidate_rows, perf_frame  # noqa: E402
 
 SCENARIO = "scenarios/perf-control.yaml"

@@ -56,7 +56,8 @@ from rig.models.checkpoint import (
     write_checkpoint,
 )
 from rig.models.qwen3_next import ModelShape, forward
-from rig.scenario.prompts import build_long_prompt, load_prompts
+from rig.scenario.long_prompts import build_long_prompt
+from rig.scenario.prompts import load_prompts
 
 REPO_ROOT = PROJECT_ROOT
 PROMPTS_FILE = REPO_ROOT / "prompts" / "prompts.jsonl"

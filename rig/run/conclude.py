@@ -14,9 +14,9 @@ from rig.run.cache import GoldenEntry
 from rig.run.replay import AA_SIDE, aa_concurrency
 from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
-from rig.serve.installs import served_skew
 from rig.serve.logs import ADVISORY_LOG_KINDS
 from rig.serve.plan import LaunchPlan
+from rig.serve.skew import served_skew
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
 from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, VerdictWord, decide

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from kernels.proof import fetch_kernel_proof, read_kernel_proof
 from rig.run.state import RunContext, RunState
 from rig.secrets import auth_headers
-from rig.serve.installs import served_version
 from rig.serve.plan import ServerPlan
 from rig.serve.servers import Server
+from rig.serve.skew import served_version
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from rig.run.state import (
     RunState,
     resume_from_disk,
 )
-from rig.scenario.config import Scenario, ScenarioError, load_scenario
+from rig.scenario.config import Scenario, ScenarioError
+from rig.scenario.loader import load_scenario
 from rig.scenario.prompts import Prompt, PromptFileError
 from rig.scenario.workload import WorkloadError, resolve_prompts
 from rig.serve.hardware import Hardware

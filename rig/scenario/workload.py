@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from rig.records import RequestSpec, SamplingParams
 from rig.scenario.config import WorkloadConfig
+from rig.scenario.long_prompts import build_long_prompt
 from rig.scenario.prompt_sets import load_prompt_set
-from rig.scenario.prompts import Prompt, build_long_prompt, load_prompts
+from rig.scenario.prompts import Prompt, load_prompts
 from rig.scenario.salts import cache_salt
 
 

@@ -22,11 +22,10 @@ import os
 import shutil
 import subprocess
 import sys
-import urllib.request
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from kernels.backends import UnsupportedVllmError, check_vllm_version, parse_vllm_version
+from kernels.backends import UnsupportedVllmError, check_vllm_version
 from kernels.registry import UnknownKernelError, resolve_kernel
 from rig import PROJECT_ROOT
 from rig.scenario.config import SIDES, Scenario, SideConfig
@@ -353,67 +352,3 @@ def resolve_installs(scenario: Scenario, sides: tuple[str, ...] = SIDES) -> dict
     if problems:
         raise InstallError("; ".join(problems))
     return installs
-
-
-def install_skew(scenario: Scenario, installs: dict[str, SideInstall]) -> list[str]:
-    """How the two sides' installations differ beyond what the scenario declares: another vLLM
-    release unless both sides declare `vllm_version`, another torch, triton or Python unless
-    `allow_version_skew: true`; and a declared version the install does not have."""
-    problems = []
-    for side, install in installs.items():
-        declared = scenario.side(side).vllm_version
-        if declared and install.facts.vllm and not install.facts.vllm.startswith(declared):
-            found = install.facts.vllm
-            problems.append(f"{side}.vllm_version {declared} is declared; its vLLM is {found}")
-    ref, cand = installs.get("reference"), installs.get("candidate")
-    if ref is None or cand is None or not (ref.facts.probed and cand.facts.probed):
-        return problems
-    if scenario.allow_version_skew:
-        return problems
-    declared = all(scenario.side(side).vllm_version for side in SIDES)
-    releases = [parse_vllm_version(i.facts.vllm)[:3] for i in (ref, cand)]
-    if releases[0] != releases[1] and not declared:
-        problems.append(
-            f"the reference runs vLLM {ref.facts.vllm}, the candidate vLLM {cand.facts.vllm}: "
-            "another release than the scenario declares (set reference.vllm_version and "
-            "candidate.vllm_version, or allow_version_skew: true)"
-        )
-    for name in ("torch", "triton", "python_version"):
-        mine, theirs = getattr(ref.facts, name), getattr(cand.facts, name)
-        if mine != theirs:
-            problems.append(
-                f"the reference has {name.replace('_version', '')} {mine}, the candidate "
-                f"{theirs}: the sides would differ in more than vLLM (allow_version_skew: true "
-                "to compare them anyway)"
-            )
-    return problems
-
-
-def served_version(base_url: str, headers: dict[str, str], timeout_s: float = 10) -> str | None:
-    """What a running server says its vLLM is (GET /version), None when it does not say."""
-    request = urllib.request.Request(base_url.rstrip("/") + "/version", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return str(json.loads(response.read())["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def served_skew(scenario: Scenario, versions: dict[str, str]) -> str | None:
-    """Another vLLM release on the two sides, by what their servers say, that the scenario
-    neither declares nor allows: what preflight could not see for a container or an attached
-    server. None when the versions agree, are declared, or one is unknown."""
-    ref, cand = versions.get("reference"), versions.get("candidate")
-    if ref is None or cand is None or scenario.allow_version_skew:
-        return None
-    if all(scenario.side(side).vllm_version for side in SIDES):
-        return None
-    try:
-        if parse_vllm_version(ref)[:3] == parse_vllm_version(cand)[:3]:
-            return None
-    except UnsupportedVllmError:
-        return None
-    return (
-        f"the reference served vLLM {ref}, the candidate vLLM {cand}: another release than "
-        "the scenario declares (set both sides' vllm_version, or allow_version_skew: true)"
-    )

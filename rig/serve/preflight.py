@@ -21,10 +21,11 @@ from pathlib import Path
 from rig.models.embedded import ensure_embedded_model, is_embedded
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.hardware import Hardware
-from rig.serve.installs import InstallError, SideInstall, install_skew, resolve_installs
+from rig.serve.installs import InstallError, SideInstall, resolve_installs
 from rig.serve.placement import PlacementError
 from rig.serve.plan import LaunchPlan, plan_servers
 from rig.serve.servers import ServerError, ensure_port_free
+from rig.serve.skew import install_skew
 
 GIB = 2**30
 HUB_TIMEOUT_S = 4.0

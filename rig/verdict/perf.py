@@ -24,7 +24,6 @@ each level, the reference's mean TTFT/E2EL is measured in the same run.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -32,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from rig.records import RequestRecord
+from rig.verdict.student_t import t_quantile
 
 RESAMPLES = 2000
 SEED = 20261130
@@ -148,48 +148,6 @@ def paired_bootstrap(
         points = {m: float(cand_whole[m][0] / ref_whole[m][0]) for m in PERF_METRICS}
         ratios = {m: cand_drawn[m] / ref_drawn[m] for m in PERF_METRICS}
     return points, ratios
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz)."""
-    if x <= 0 or x >= 1:
-        return float(x >= 1)
-    if x > (a + 1) / (a + b + 2):
-        return 1 - _betainc(b, a, 1 - x)
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    tiny, c, d = 1e-300, 1.0, 1 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    fraction = d
-    for m in range(1, 300):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1 + numerator * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            fraction *= c * d
-        if abs(c * d - 1) < 1e-12:
-            break
-    return math.exp(log_front) * fraction / a
-
-
-def t_quantile(probability: float, df: int) -> float:
-    """Student's t quantile (probability > 0.5), by bisection on its distribution function."""
-    tail = 1 - probability  # P(T > t) = I_{df/(df+t^2)}(df/2, 1/2) / 2
-    low, high = 0.0, 1.0
-    while _betainc(df / 2, 0.5, df / (df + high * high)) / 2 > tail:
-        high *= 2
-    for _ in range(100):
-        middle = (low + high) / 2
-        if _betainc(df / 2, 0.5, df / (df + middle * middle)) / 2 > tail:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
 
 
 def repeat_ratios(pairs: list[tuple[RepeatArrays, RepeatArrays]]) -> dict[str, np.ndarray]:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from rig.verdict.perf import CANDIDATE, FASTER, NOISE, PERF_METRICS, SLOWER, t_quantile
+from rig.verdict.perf import CANDIDATE, FASTER, NOISE, PERF_METRICS, SLOWER
+from rig.verdict.student_t import t_quantile
 
 # The metrics that get a word, and so make up the family: latency at first token, per token
 # and end to end, and the throughput of the whole level. The others are shown, not judged.

@@ -9,7 +9,7 @@ import pytest
 from rig.load.engine import run_level
 from rig.load.sse import StreamAccumulator, request_body
 from rig.records import RequestRecord, ServerTarget, SideJob, empty_record
-from rig.scenario.config import PRESETS_DIR, load_presets, load_scenario
+from rig.scenario.loader import PRESETS_DIR, load_presets, load_scenario
 from rig.scenario.workload import level_requests, resolve_prompts, warmup_prompts
 from rig.stub.server import serve_in_thread
 from tests.stub_requests import FAST, spec

@@ -25,8 +25,9 @@ from rig.models.tiny_model import (
     ensure_tiny_model,
     load_params,
 )
-from rig.scenario.config import load_scenario
-from rig.scenario.prompts import build_long_prompt, load_prompts
+from rig.scenario.loader import load_scenario
+from rig.scenario.long_prompts import build_long_prompt
+from rig.scenario.prompts import load_prompts
 from rig.scenario.workload import resolve_prompts
 from tests.gdn_layers import newton_schulz_errors
 

@@ -19,8 +19,9 @@ from rig.models.embedded import is_embedded
 from rig.models.qwen3_next import GdnKernelInputs
 from rig.models.tiny_model import build_tiny_model, default_params, load_params
 from rig.models.tiny_qwen35 import TINY_QWEN35_PARAMS, ensure_tiny_qwen35_model
-from rig.scenario.config import load_scenario
-from rig.scenario.prompts import build_long_prompt, load_prompts
+from rig.scenario.loader import load_scenario
+from rig.scenario.long_prompts import build_long_prompt
+from rig.scenario.prompts import load_prompts
 from rig.scenario.workload import resolve_prompts
 from tests.gdn_layers import newton_schulz_errors
 

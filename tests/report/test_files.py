@@ -6,14 +6,9 @@ import pandas as pd
 import pytest
 
 from rig.records import LevelFault, PrefixCacheDelta, TokenLogprob
-from rig.report import files as report
-from rig.report.files import (
-    SUMMARY_MD_LIMIT,
-    render_junit,
-    render_markdown,
-    seeds_table,
-    write_report,
-)
+from rig.report import markdown
+from rig.report.files import render_junit, seeds_table, write_report
+from rig.report.markdown import SUMMARY_MD_LIMIT, render_markdown
 from rig.scenario.config import GatesConfig
 from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import compare_pairs
@@ -332,7 +327,7 @@ def huge_run(make_record, tmp_path, levels: int, per_level: int) -> RunOutcome:
 def test_summary_markdown_fits_a_pr_comment_whatever_the_run_size(
     make_record, tmp_path, monkeypatch, levels, per_level, limit
 ):
-    monkeypatch.setattr(report, "SUMMARY_MD_LIMIT", limit)
+    monkeypatch.setattr(markdown, "SUMMARY_MD_LIMIT", limit)
     outcome = huge_run(make_record, tmp_path, levels, per_level)
     summary = summary_frame(outcome.records, outcome.pairs)
     text = render_markdown(outcome, seeds_table(summary, perf_frame(outcome.records)))

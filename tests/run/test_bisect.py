@@ -15,7 +15,8 @@ from kernels.cases import CPU_SHAPE, correlated_key_inputs
 from kernels.runners import VLLM_CPU_REFERENCE
 from rig.records import ServerTarget, empty_record
 from rig.run import bisect
-from rig.scenario.config import SIDES, load_scenario
+from rig.scenario.config import SIDES
+from rig.scenario.loader import load_scenario
 from rig.serve.servers import Server
 
 LAYERS = ("model.layers.0.linear_attn", "model.layers.2.linear_attn")

@@ -4,16 +4,8 @@ import pytest
 import yaml
 
 from rig import PROJECT_ROOT
-from rig.scenario.config import (
-    TINY_MODEL,
-    PromptSource,
-    Scenario,
-    ScenarioError,
-    apply_overrides,
-    load_presets,
-    load_scenario,
-    parse_override,
-)
+from rig.scenario.config import TINY_MODEL, PromptSource, Scenario, ScenarioError
+from rig.scenario.loader import apply_overrides, load_presets, load_scenario, parse_override
 from rig.scenario.workload import resolve_prompts
 
 REPO = PROJECT_ROOT

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rig.scenario import prompt_sets
-from rig.scenario.config import load_scenario
+from rig.scenario.loader import load_scenario
 from rig.scenario.prompt_sets import PromptSet, PromptSetError, ensure_prompt_set, load_prompt_set
 from rig.scenario.workload import resolve_prompts
 from tests.scenario.test_config import write

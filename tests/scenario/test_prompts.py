@@ -5,13 +5,8 @@ from pathlib import Path
 import pytest
 
 from rig import PROJECT_ROOT
-from rig.scenario.prompts import (
-    ChatMessage,
-    Prompt,
-    PromptFileError,
-    build_long_prompt,
-    load_prompts,
-)
+from rig.scenario.long_prompts import build_long_prompt
+from rig.scenario.prompts import ChatMessage, Prompt, PromptFileError, load_prompts
 
 REPO = PROJECT_ROOT
 PROMPTS = REPO / "prompts" / "prompts.jsonl"

@@ -15,11 +15,10 @@ from rig.serve.installs import (
     InstallFacts,
     SideInstall,
     container_argv,
-    install_skew,
     plugin_path,
     resolve_install,
-    served_skew,
 )
+from rig.serve.skew import install_skew, served_skew
 
 FACTS = InstallFacts(
     python="/venv/bin/python",

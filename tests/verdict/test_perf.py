@@ -18,10 +18,10 @@ from rig.verdict.perf import (
     candidate_rows,
     compare_levels,
     perf_frame,
-    t_quantile,
     word,
     worst_slowdown_pct,
 )
+from rig.verdict.student_t import t_quantile
 
 
 @pytest.fixture

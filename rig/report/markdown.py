@@ -1,0 +1,238 @@
+"""summary.md: what fits in a pull-request comment (GitHub's 65,536 characters): the headline and
+the verdict first, the gates, the per-level table and the first mismatches, each line clipped."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from rig.records import LevelFault
+from rig.report.format import DASH, check, missing, number
+from rig.report.html import headline_texts
+from rig.report.mismatches import mismatch_order
+from rig.serve.logs import JIT_COMPILE
+from rig.verdict.compare import PairResult
+from rig.verdict.gates import Verdict
+from rig.verdict.outcome import RunOutcome
+from rig.verdict.perf import AA, candidate_rows
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    if missing(value):
+        return DASH
+    return f"{value:.{digits}f}"
+
+
+SUMMARY_MD_LIMIT = 65_536  # GitHub's limit on a comment's body, in characters
+
+
+LINE_LIMIT = 1_000  # one gate detail or error line at most
+
+
+MISMATCHES_LISTED = 10
+
+
+DETAIL_POINTER = "report.html and mismatches.csv next to this summary"
+
+
+def _clip(line: str, limit: int = LINE_LIMIT) -> str:
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _verdict_lines(verdict: Verdict, headline: list[str] = ()) -> list[str]:
+    c = verdict.counts
+    lines = [
+        f"**Verdict: {verdict.word}** — {'PASS' if verdict.passed else 'FAIL'}",
+        "",
+        *(f"{line}  " for line in headline),
+        "",
+        f"{c.pairs} pairs: {c.identical} identical, {c.near_tie} near-tie, "
+        f"{c.substantive} substantive divergences; {c.pathologies} pathologies; "
+        f"prefix-cache hits {c.prefix_cache_hits:g}; teacher-forced drift mean "
+        f"{_fmt(c.drift_mean, 4)}, max {_fmt(c.drift_max, 4)}.",
+    ]
+    if verdict.aa_counts is not None:
+        a = verdict.aa_counts
+        lines.append(
+            f"A/A noise floor: {a.pairs} pairs, {a.identical} identical, {a.near_tie} near-tie, "
+            f"{a.substantive} substantive; drift mean {_fmt(a.drift_mean, 4)}, "
+            f"max {_fmt(a.drift_max, 4)}."
+        )
+    lines += list(verdict.notes)
+    lines += ["", "| gate | result | detail |", "|---|---|---|"]
+    lines += [
+        f"| {_cell_md(g.name)} | {check(g.passed)} {'pass' if g.passed else '**FAIL**'} "
+        f"| {_cell_md(g.detail)} |"
+        for g in verdict.gates
+    ]
+    return [_clip(line) for line in lines]
+
+
+def _cell_md(value: object) -> str:
+    return _clip(_md_text(str(value)).replace("|", "\\|").replace("\n", " "), 300)
+
+
+def delta_md(row: pd.Series, metric: str) -> str:
+    """Candidate - reference in percent, its interval and the word (faster, slower, within
+    noise, or why there is none), e.g. `+12.0 % [+9.1, +15.2] slower`."""
+    value = row.get(f"{metric}_change_pct")
+    if missing(value):
+        return DASH
+    text = f"{value:+.1f} %"
+    low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
+    if not (missing(low) or missing(high)):
+        text += f" [{low:+.1f}, {high:+.1f}]"
+    return f"{text} {row.get(f'{metric}_word', '')}".rstrip()
+
+
+def _level_lines(table: pd.DataFrame) -> list[str]:
+    """One Markdown row per level and side."""
+    header = [
+        "| level | side | ok | identical | TTFT mean | E2EL mean | total tok/s "
+        "| TTFT cand−ref [CI] | E2EL cand−ref | tok/s cand−ref |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = []
+    for _, row in table.iterrows():
+        matches = row.get("matches")
+        rows.append(
+            f"| {row['level']} | {row['side']} | {int(row['completed'])}/{int(row['requests'])} "
+            f"| {DASH if missing(matches) or row['side'] != 'candidate' else int(matches)} "
+            f"| {number(row['mean_ttft_ms'], 'ms')} | {number(row['mean_e2el_ms'], 'ms')} "
+            f"| {number(row['total_token_throughput'])} | {delta_md(row, 'mean_ttft_ms')} "
+            f"| {delta_md(row, 'mean_e2el_ms')} | {delta_md(row, 'total_token_throughput')} |"
+        )
+    return header + rows
+
+
+def _mismatch_line(pair: PairResult) -> str:
+    d = pair.divergence
+    if d is None:
+        return _clip(
+            f"- `{pair.request_id}` ({_md_text(pair.prompt_id)}): {_md_text(_pathology_text(pair))}"
+        )
+    where = f"token {d.token_index}" if d.token_index is not None else f"char {d.char_index}"
+    return _clip(
+        f"- `{pair.request_id}` ({_md_text(pair.prompt_id)}, C={pair.level}) {d.kind} at "
+        f"{where}, margin {_fmt(d.reference_margin, 3)}: ref "
+        f"`{_inline(d.reference_excerpt)}` / cand `{_inline(d.candidate_excerpt)}`"
+    )
+
+
+def _md_text(text: str) -> str:
+    """Text from a server or a model outside code spans: nothing that opens an HTML tag
+    reaches the comment (a bare `<=` stays readable)."""
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+
+
+def _fit(lines: list[str], budget: int, what: str) -> list[str]:
+    """As many of `lines` as fit in `budget` characters; a count of the rest points at the
+    full report."""
+    kept, used = [], 0
+    for index, line in enumerate(lines):
+        rest = len(lines) - index
+        note = f"… {rest} more {what}: see {DETAIL_POINTER}."
+        if used + len(line) + 1 + len(note) + 1 > budget:
+            return kept + [note]
+        kept.append(line)
+        used += len(line) + 1
+    return kept
+
+
+def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
+    """summary.md: verdict, gates, per-level table and the first mismatches, never longer
+    than a pull-request comment may be, whatever the size of the run."""
+    head = [f"## rig: {outcome.scenario_name} ({outcome.run_id})", ""]
+    if outcome.error:
+        first, *more = outcome.error.strip().splitlines() or [""]
+        rest = f" (+{len(more)} lines in manifest.json)" if more else ""
+        head += [_clip(f"**Run error:** {_md_text(first)}") + rest, ""]
+    head += _verdict_lines(outcome.verdict, [_md_text(t) for t in headline_texts(outcome)])
+    kernels = ", ".join(
+        f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
+    )
+    head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
+    head += _jit_lines(outcome.faults)
+    head += _aa_floor_lines(outcome.perf)
+    head += _planted_lines(outcome.perf)
+    mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
+    footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
+    budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
+    level_lines = _level_lines(table) if not table.empty else ["(no request finished)"]
+    listed = [_mismatch_line(p) for p in mismatched[:MISMATCHES_LISTED]]
+    more = len(mismatched) - len(listed)
+    if more:
+        listed.append(f"… {more} more mismatches: see {DETAIL_POINTER}.")
+    title = f"First mismatches, substantive first ({len(mismatched):,} in all):"
+    mismatch_block = ["", title, "", *listed]
+    # Per-level rows may take what the mismatch list leaves (a run has at most a few dozen).
+    levels = _fit(level_lines, budget - sum(len(x) + 1 for x in mismatch_block), "per-level rows")
+    body = levels + (
+        _fit(mismatch_block, budget - sum(len(x) + 1 for x in levels), "mismatches")
+        if mismatched
+        else []
+    )
+    text = "\n".join(head + body + footer) + "\n"
+    return text[:SUMMARY_MD_LIMIT]
+
+
+def _aa_floor_lines(perf: pd.DataFrame | None) -> list[str]:
+    """The A/A performance floor: what identical kernels measure as a change."""
+    if perf is None or perf.empty or AA not in set(perf.get("comparison", ())):
+        return []
+    lines = []
+    for _, row in perf[perf["comparison"] == AA].iterrows():
+        metrics = ", ".join(
+            f"{name} {delta_md(row, metric)}"
+            for metric, name in (
+                ("mean_ttft_ms", "TTFT"),
+                ("mean_e2el_ms", "E2EL"),
+                ("total_token_throughput", "tok/s"),
+            )
+        )
+        lines.append(_clip(f"A/A performance floor at C={int(row['level'])}: {metrics}"))
+    return [*lines, ""]
+
+
+def _planted_lines(perf: pd.DataFrame | None) -> list[str]:
+    """A candidate slowed on purpose: the change it planted next to the measured interval."""
+    if perf is None or perf.empty or "planted_ms_per_request" not in perf.columns:
+        return []
+    lines = []
+    for _, row in candidate_rows(perf).dropna(subset=["planted_ms_per_request"]).iterrows():
+        parts = []
+        for metric, name in (("mean_ttft_ms", "TTFT"), ("mean_e2el_ms", "E2EL")):
+            inside = row[f"{metric}_planted_inside_ci"]
+            verdict = "inside the interval" if inside else "**outside the interval**"
+            parts.append(
+                f"{name} planted {row[f'{metric}_planted_pct']:+.1f} %, measured "
+                f"{delta_md(row, metric)}: {verdict}"
+            )
+        lines.append(
+            _clip(
+                f"Planted slowdown at C={int(row['level'])}: "
+                f"{row['planted_calls_per_request']:.2f} GDN prefill calls per request x "
+                f"{row['planted_delay_ms']:g} ms = {row['planted_ms_per_request']:.1f} ms per "
+                f"request. {'; '.join(parts)}."
+            )
+        )
+    return [*lines, ""]
+
+
+def _jit_lines(faults: list[LevelFault]) -> list[str]:
+    """Levels whose server log shows JIT compilation during timed requests: their latencies
+    include compile time (a longer warm-up covers that shape)."""
+    levels = sorted({(f.level, f.repeat, f.server) for f in faults if f.kind == JIT_COMPILE})
+    if not levels:
+        return []
+    where = ", ".join(f"C={level} repeat {repeat} ({side})" for level, repeat, side in levels)
+    return [_clip(f"**JIT compilation during timed requests:** {where}; see report.html."), ""]
+
+
+def _inline(text: str) -> str:
+    return text.replace("`", "'").replace("\n", "⏎")[-60:]
+
+
+def _pathology_text(pair: PairResult) -> str:
+    return "; ".join(f"{p.side} {p.kind}: {p.detail}" for p in pair.pathologies) or "mismatch"

@@ -1,0 +1,167 @@
+"""Reading a scenario file: its YAML, the model's preset underneath (scenarios/presets/), `--set`
+overrides on top, validation with one-line errors, and prompt paths resolved."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    Field,
+    ValidationError,
+)
+
+from rig import PROJECT_ROOT
+from rig.scenario.config import Scenario, ScenarioError, _model_mapping, _Strict
+
+PRESETS_DIR = PROJECT_ROOT / "scenarios" / "presets"
+
+
+class Preset(_Strict):
+    """A model's serving setup in one YAML file under scenarios/presets/: the name users type
+    resolves to the hub id and the flags the seeds served it with."""
+
+    key: str
+    aliases: list[str] = Field(default_factory=list)
+    weights_gib: float | None = None
+    model: dict[str, Any]
+    workload: dict[str, Any] = Field(default_factory=dict)
+
+    def names(self) -> set[str]:
+        return {self.model["name"].lower(), *(alias.lower() for alias in self.aliases)}
+
+
+def load_presets(directory: Path = PRESETS_DIR) -> dict[str, Preset]:
+    presets = {}
+    for path in sorted(directory.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        presets[path.stem] = Preset.model_validate({"key": path.stem, **data})
+    return presets
+
+
+def find_preset(name: str | None, directory: Path = PRESETS_DIR) -> Preset | None:
+    """The preset a model name (hub id or alias, any case) refers to, if any."""
+    if not name:
+        return None
+    wanted = name.strip().lower()
+    return next((p for p in load_presets(directory).values() if wanted in p.names()), None)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Scenario data with the named model's preset underneath: preset < file < --set."""
+    probe = apply_overrides(copy.deepcopy(data), overrides)
+    name = (_model_mapping(probe.get("model")) or {}).get("name")
+    preset = find_preset(name if isinstance(name, str) else None)
+    if preset is None:
+        return probe
+    file_data = dict(data)
+    if "model" in file_data:
+        file_data["model"] = _model_mapping(file_data["model"])
+    layer = {"model": {**preset.model, "weights_gib": preset.weights_gib}}
+    if preset.workload:
+        layer["workload"] = preset.workload
+    merged = apply_overrides(_deep_merge(layer, file_data), overrides)
+    merged["model"] = _model_mapping(merged["model"])
+    merged["model"] |= {"name": preset.model["name"], "preset": preset.key}
+    return merged
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (['a', 'b', 'c'], value), the value parsed as YAML (so 64 is an int)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ScenarioError(f"--set {text!r}: expected dotted.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"--set {text!r}: value is not valid YAML ({exc.problem})") from None
+    return [part for part in key.strip().split(".")], value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        if path == ["model"] and isinstance(value, str):
+            path = ["model", "name"]  # --set model=X names the model, keeping its other keys
+        if isinstance(data.get("model"), str):
+            data["model"] = _model_mapping(data["model"])
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ScenarioError(f"--set {text!r}: '{part}' is not a mapping")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        return f"unknown key '{key}'"
+    if error["type"] == "missing":
+        return f"missing key '{key}'"
+    return f"key '{key}': {error['msg']}"
+
+
+def load_scenario(path: Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override and validate a scenario; raise ScenarioError with a one-line message."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: scenario file not found") from None
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", exc)
+        raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        raise ScenarioError(f"{path}: a scenario must be a mapping of keys, not a {kind}")
+    data = apply_preset(data, overrides or [])
+    data.setdefault("name", path.stem)
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(error) for error in exc.errors())
+        raise ScenarioError(f"{path}: {problems}") from None
+    return _resolve_paths(scenario, path.parent)
+
+
+def _resolve_paths(scenario: Scenario, scenario_dir: Path) -> Scenario:
+    """Prompt paths are relative to the working directory, else to the scenario file's folder,
+    else to the project root (so shipped scenarios work from anywhere)."""
+    project_root = PROJECT_ROOT
+    sources = []
+    for source in scenario.workload.prompts:
+        if source.path is not None and not source.path.is_absolute() and not source.path.exists():
+            for base in (scenario_dir, project_root):
+                if (base / source.path).exists():
+                    source = source.model_copy(update={"path": base / source.path})
+                    break
+        sources.append(source)
+    workload = scenario.workload.model_copy(update={"prompts": sources})
+    return scenario.model_copy(update={"workload": workload})
