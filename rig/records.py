@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-from rig.scenario.salts import validate_cache_salt
+from rig.salts import validate_cache_salt
 
 Endpoint = Literal["completions", "chat"]
 CompletionKey = tuple[str, tuple[int, ...]]  # (prompt id, completion token ids)

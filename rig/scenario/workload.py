@@ -7,11 +7,11 @@ of the run carries a salt of its own (no prefix-cache hit can hide the prefill p
 from __future__ import annotations
 
 from rig.records import RequestSpec, SamplingParams
+from rig.salts import cache_salt
 from rig.scenario.config import WorkloadConfig
 from rig.scenario.long_prompts import build_long_prompt
 from rig.scenario.prompt_sets import load_prompt_set
 from rig.scenario.prompts import Prompt, load_prompts
-from rig.scenario.salts import cache_salt
 
 
 class WorkloadError(ValueError):

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 
 from rig.records import CompletionKey, RequestRecord, ServerTarget, TokenLogprob
-from rig.scenario.salts import cache_salt
+from rig.salts import cache_salt
 from rig.secrets import auth_headers
 
 DRIFT_TIMEOUT_S = 600.0

@@ -14,7 +14,7 @@ from rig.scenario.workload import (
     tokenize_body,
     warmup_prompts,
 )
-from tests.scenario.test_salts import assert_vllm_salt
+from tests.test_salts import assert_vllm_salt
 
 SIDES = ("reference", "candidate", "reference-aa")
 

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from rig.records import ServerTarget, TokenLogprob
-from rig.scenario.salts import validate_cache_salt
+from rig.salts import validate_cache_salt
 from rig.verdict.drift import (
     DriftResult,
     ForcedLogprobs,

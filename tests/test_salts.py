@@ -3,7 +3,7 @@
 import pytest
 
 from rig.records import RequestSpec, SamplingParams
-from rig.scenario.salts import cache_salt, validate_cache_salt
+from rig.salts import cache_salt, validate_cache_salt
 
 
 def assert_vllm_salt(salt: str) -> None:

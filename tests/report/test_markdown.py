@@ -1,0 +1,108 @@
+"""summary.md: the verdict first, JIT-compiled levels flagged, the A/A floor and a planted slowdown
+beside their measurements, gates and mismatches, and a size that fits a pull-request comment."""
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from rig.report import markdown
+from rig.report.files import seeds_table, write_report
+from rig.report.markdown import SUMMARY_MD_LIMIT, render_markdown
+from rig.verdict.metrics import summary_frame
+from rig.verdict.perf import PlantedDelay, perf_frame
+from tests.report.test_files import build_outcome, huge_run
+
+
+@pytest.fixture(scope="module")
+def outcome(make_record, tmp_path_factory):
+    return build_outcome(make_record, tmp_path_factory.mktemp("report"))
+
+
+@pytest.fixture(scope="module")
+def written(outcome):
+    return write_report(outcome)
+
+
+def test_summary_markdown_starts_with_the_verdict(outcome, written):
+    lines = written["summary.md"].read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "## rig: unit (run-1)"
+    first = next(line for line in lines[1:] if line.strip())
+    assert first.startswith(f"**Verdict: {outcome.verdict.word}**")
+    assert first.endswith("FAIL")
+
+
+def test_summary_markdown_flags_levels_with_jit_compilation(written):
+    text = written["summary.md"].read_text(encoding="utf-8")
+    assert "**JIT compilation during timed requests:** C=4 repeat 0 (reference)" in text
+
+
+def test_summary_markdown_shows_the_aa_performance_floor(outcome):
+    reference = [r for r in outcome.records if r.side == "reference" and r.level == 1]
+    replay = [dataclasses.replace(r, side="reference-aa") for r in reference]
+    perf = perf_frame(outcome.records, replay, aa_concurrency=1)
+    text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
+    (line,) = [x for x in text.splitlines() if x.startswith("A/A performance floor")]
+    assert line.startswith("A/A performance floor at C=1: TTFT +0.0 % [")
+    assert line.count("within noise") == 2
+    assert line.endswith("tok/s +0.0 % single run")  # one A/A repeat: no throughput interval
+
+
+def test_summary_markdown_sets_a_planted_slowdown_next_to_its_measurement(outcome):
+    records = [
+        r if r.side == "reference" else dataclasses.replace(r, ttft_s=r.ttft_s + 0.05)
+        for r in outcome.records
+        if r.error is None and r.ttft_s is not None
+    ]
+    requests = sum(r.side == "candidate" for r in records)
+    planted = PlantedDelay("ref+delay-25ms", 25.0, {(1, 0): 2 * requests})
+    perf = perf_frame(records, planted=planted)
+    text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
+    (line,) = [x for x in text.splitlines() if x.startswith("Planted slowdown")]
+    assert line.startswith(
+        "Planted slowdown at C=1: 2.00 GDN prefill calls per request x 25 ms = 50.0 ms per "
+        "request. TTFT planted +"
+    )
+    assert "E2EL planted +" in line and "nan" not in line
+
+
+def test_summary_markdown_lists_gates_and_mismatches(outcome, written):
+    text = written["summary.md"].read_text(encoding="utf-8")
+    for gate in outcome.verdict.gates:
+        assert f"| {gate.name} |" in text
+    assert "`q1`" in text and "`q4`" in text
+    assert "`q0`" not in text  # identical pairs are not listed
+
+
+def test_summary_markdown_marks_gates_pass_and_fail(outcome, written):
+    text = written["summary.md"].read_text(encoding="utf-8")
+    for gate in outcome.verdict.gates:
+        mark = "✓ pass" if gate.passed else "✗ **FAIL**"
+        assert f"| {gate.name} | {mark} |" in text
+    assert "True" not in text and "None" not in text and "nan" not in text
+
+
+@pytest.mark.parametrize(
+    ("levels", "per_level", "limit"),
+    [(1, 5_000, SUMMARY_MD_LIMIT), (100, 1, 8_000)],
+)
+def test_summary_markdown_fits_a_pr_comment_whatever_the_run_size(
+    make_record, tmp_path, monkeypatch, levels, per_level, limit
+):
+    monkeypatch.setattr(markdown, "SUMMARY_MD_LIMIT", limit)
+    outcome = huge_run(make_record, tmp_path, levels, per_level)
+    summary = summary_frame(outcome.records, outcome.pairs)
+    text = render_markdown(outcome, seeds_table(summary, perf_frame(outcome.records)))
+    assert len(text) <= limit
+    lines = text.splitlines()
+    assert lines[0] == "## rig: unit (run-1)"
+    assert lines[2] == "**Run error:** server died: traceback line (+19999 lines in manifest.json)"
+    for gate in outcome.verdict.gates:
+        assert f"| {gate.name} |" in text
+    assert f"First mismatches, substantive first ({levels * per_level:,} in all):" in text
+    assert "more mismatches: see report.html and mismatches.csv" in text
+    assert lines[-1] == "Full detail: report.html and mismatches.csv next to this summary " + (
+        "(`results/run-1/`)."
+    )
+    rows_cut = "more per-level rows: see report.html" in text
+    assert rows_cut == (limit < SUMMARY_MD_LIMIT)
