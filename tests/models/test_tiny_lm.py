@@ -5,7 +5,6 @@ A few training steps stand in for the full recipe here (the layout, the regime a
 determinism do not depend on the step count); tests/e2e/test_lm_control.py serves the real one.
 """
 
-import importlib
 import json
 from pathlib import Path
 
@@ -16,9 +15,7 @@ from tokenizers import Tokenizer
 
 from rig.models import tiny_lm
 from rig.models.checkpoint import load_weights
-from rig.models.embedded import EMBEDDED_MODELS, is_embedded
 from rig.models.qwen3_next import GdnKernelInputs
-from rig.scenario import config as scenario
 from tests.gdn_layers import newton_schulz_errors
 
 SHORT = {"steps": 3}
@@ -117,11 +114,3 @@ def test_ns3_breaks_and_ns4_holds_on_the_planted_layer(built):
     errors = newton_schulz_errors(layer)
     assert errors[4] < 0.05
     assert errors[3] > 10
-
-
-def test_every_embedded_model_name_has_a_builder():
-    for name, target in EMBEDDED_MODELS.items():
-        module, builder = target.split(":")
-        assert callable(getattr(importlib.import_module(module), builder)), name
-    assert is_embedded("tiny-lm") and not scenario.ModelConfig(name="tiny-lm").is_tiny
-    assert not is_embedded("Qwen/Qwen3-Next-80B-A3B-Instruct")
