@@ -2,10 +2,9 @@ import json
 import xml.etree.ElementTree as ET
 
 import pandas as pd
-import pytest
 
 from rig.records import LevelFault, PrefixCacheDelta, TokenLogprob
-from rig.report.files import render_junit, write_report
+from rig.report.files import render_junit
 from rig.scenario.config import GatesConfig
 from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import compare_pairs
@@ -87,17 +86,6 @@ def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
         verdict=verdict,
         timings={"wall_s": 1.5},
     )
-
-
-@pytest.fixture(scope="module")
-def outcome(make_record, tmp_path_factory):
-    return build_outcome(make_record, tmp_path_factory.mktemp("report"))
-
-
-@pytest.fixture(scope="module")
-def written(outcome):
-    """Written once for the module: the plot makes write_report take about a second."""
-    return write_report(outcome)
 
 
 def test_every_file_is_written(outcome, written):

@@ -7,21 +7,11 @@ import pandas as pd
 import pytest
 
 from rig.report import markdown
-from rig.report.files import seeds_table, write_report
+from rig.report.files import seeds_table
 from rig.report.markdown import SUMMARY_MD_LIMIT, render_markdown
 from rig.verdict.metrics import summary_frame
 from rig.verdict.perf import PlantedDelay, perf_frame
-from tests.report.test_files import build_outcome, huge_run
-
-
-@pytest.fixture(scope="module")
-def outcome(make_record, tmp_path_factory):
-    return build_outcome(make_record, tmp_path_factory.mktemp("report"))
-
-
-@pytest.fixture(scope="module")
-def written(outcome):
-    return write_report(outcome)
+from tests.report.test_files import huge_run
 
 
 def test_summary_markdown_starts_with_the_verdict(outcome, written):
