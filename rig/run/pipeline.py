@@ -296,6 +296,3 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     return outcome.verdict.exit_code()
 
-
-if __name__ == "__main__":
-    sys.exit(main())
