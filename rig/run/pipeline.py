@@ -295,4 +295,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rig: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     return outcome.verdict.exit_code()
-
