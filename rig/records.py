@@ -44,9 +44,12 @@ def error_kind(error: str) -> str:
     return error.split(":", 1)[0].strip() or "error"
 
 
+_TRANSPORT_KINDS = frozenset(ErrorKind) - {ErrorKind.HTTP}
+
+
 def is_transport_error(kind: str) -> bool:
     """A kind the wire or the client produced (an ErrorKind), not one a response showed."""
-    return kind in set(ErrorKind) - {ErrorKind.HTTP} or kind.startswith(f"{ErrorKind.HTTP}_")
+    return kind in _TRANSPORT_KINDS or kind.startswith(f"{ErrorKind.HTTP}_")
 
 
 def server_label(side: str, replica: int) -> str:
@@ -88,8 +91,8 @@ class RequestSpec:
 
 @dataclass(frozen=True)
 class ServerTarget:
-    """Where one server of a side answers; built from its launch spec (ServerSpec.target), the
-    one place that knows its URL, served name and API key."""
+    """Where one server of a side answers: its URL, served name and API key. Built by
+    rig.serve.servers.Server.target, from the server's plan."""
 
     side: str  # "reference" | "candidate" | ...
     base_url: str  # http://127.0.0.1:PORT

@@ -59,8 +59,7 @@ from rig.models.qwen3_next import ModelShape, forward
 from rig.scenario.long_prompts import build_long_prompt
 from rig.scenario.prompts import load_prompts
 
-REPO_ROOT = PROJECT_ROOT
-PROMPTS_FILE = REPO_ROOT / "prompts" / "prompts.jsonl"
+PROMPTS_FILE = PROJECT_ROOT / "prompts" / "prompts.jsonl"
 DEFAULT_CACHE_ROOT = Path(".cache/tiny-model")
 TINY_GDN_CACHE_ROOT = Path(".cache/tiny-gdn")
 # tiny-gdn: the tiny model's generator at the GDN shape of one TP2 rank of Qwen3.5-397B

@@ -17,23 +17,16 @@ from rig.verdict.gates import Verdict
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import AA, candidate_rows
 
+SUMMARY_MD_LIMIT = 65_536  # GitHub's limit on a comment's body, in characters
+LINE_LIMIT = 1_000  # one gate detail or error line at most
+MISMATCHES_LISTED = 10
+DETAIL_POINTER = "report.html and mismatches.csv next to this summary"
+
 
 def _fmt(value: float | None, digits: int = 1) -> str:
     if missing(value):
         return DASH
     return f"{value:.{digits}f}"
-
-
-SUMMARY_MD_LIMIT = 65_536  # GitHub's limit on a comment's body, in characters
-
-
-LINE_LIMIT = 1_000  # one gate detail or error line at most
-
-
-MISMATCHES_LISTED = 10
-
-
-DETAIL_POINTER = "report.html and mismatches.csv next to this summary"
 
 
 def _clip(line: str, limit: int = LINE_LIMIT) -> str:

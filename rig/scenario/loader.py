@@ -14,12 +14,12 @@ from pydantic import (
 )
 
 from rig import PROJECT_ROOT
-from rig.scenario.config import Scenario, ScenarioError, _model_mapping, _Strict
+from rig.scenario.config import Scenario, ScenarioError, StrictModel, model_mapping
 
 PRESETS_DIR = PROJECT_ROOT / "scenarios" / "presets"
 
 
-class Preset(_Strict):
+class Preset(StrictModel):
     """A model's serving setup in one YAML file under scenarios/presets/: the name users type
     resolves to the hub id and the flags the seeds served it with."""
 
@@ -62,18 +62,18 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Scenario data with the named model's preset underneath: preset < file < --set."""
     probe = apply_overrides(copy.deepcopy(data), overrides)
-    name = (_model_mapping(probe.get("model")) or {}).get("name")
+    name = (model_mapping(probe.get("model")) or {}).get("name")
     preset = find_preset(name if isinstance(name, str) else None)
     if preset is None:
         return probe
     file_data = dict(data)
     if "model" in file_data:
-        file_data["model"] = _model_mapping(file_data["model"])
+        file_data["model"] = model_mapping(file_data["model"])
     layer = {"model": {**preset.model, "weights_gib": preset.weights_gib}}
     if preset.workload:
         layer["workload"] = preset.workload
     merged = apply_overrides(_deep_merge(layer, file_data), overrides)
-    merged["model"] = _model_mapping(merged["model"])
+    merged["model"] = model_mapping(merged["model"])
     merged["model"] |= {"name": preset.model["name"], "preset": preset.key}
     return merged
 
@@ -96,7 +96,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if path == ["model"] and isinstance(value, str):
             path = ["model", "name"]  # --set model=X names the model, keeping its other keys
         if isinstance(data.get("model"), str):
-            data["model"] = _model_mapping(data["model"])
+            data["model"] = model_mapping(data["model"])
         node = data
         for part in path[:-1]:
             child = node.get(part)

@@ -95,11 +95,7 @@ _LONG_SECTIONS = {
         "An independent examiner checked the accounts in {month} and found them in good order.",
     ],
 }
-
-
 _LONG_TOWNS = ["Harrowby", "Calder Sands", "Westmere", "Penlow", "Ashcombe", "Kirkhaven"]
-
-
 _LONG_FILLERS = {
     "name": [
         "Margaret Ellison",
@@ -119,14 +115,10 @@ _LONG_FILLERS = {
     "minutes": ["twenty", "thirty", "forty"],
     "amount": ["1,250", "3,900", "6,400", "12,800"],
 }
-
-
 _LONG_QUESTION = (
     "Question: According to the reports above, what is the archive reference of the collection, "
     "and which two projects would you say mattered most to the town? Answer in one paragraph."
 )
-
-
 _LONG_NEEDLE = "For the record, the archive reference of this collection is {reference}."
 
 

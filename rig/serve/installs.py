@@ -31,8 +31,7 @@ from rig import PROJECT_ROOT
 from rig.scenario.config import SIDES, Scenario, SideConfig
 from rig.serve.install_probe import PLUGIN_GROUP, PLUGIN_VALUE, facts
 
-REPO = PROJECT_ROOT
-PLUGIN_PATH = REPO / ".cache" / "vllm-plugin"
+PLUGIN_PATH = PROJECT_ROOT / ".cache" / "vllm-plugin"
 PROBE_TIMEOUT_S = 180.0
 ENTRY_MODULE = ("-m", "rig.serve.vllm_entry", "serve")
 CONTAINER_TOOLS = ("docker", "podman")
@@ -144,7 +143,7 @@ def plugin_path() -> str:
         info.mkdir(parents=True, exist_ok=True)
         (info / "METADATA").write_text(metadata)
         (info / "entry_points.txt").write_text(entry_points)
-    return os.pathsep.join(dict.fromkeys([str(PLUGIN_PATH), str(REPO), os.getcwd()]))
+    return os.pathsep.join(dict.fromkeys([str(PLUGIN_PATH), str(PROJECT_ROOT), os.getcwd()]))
 
 
 def _shebang_python(executable: Path) -> str | None:

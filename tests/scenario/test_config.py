@@ -8,8 +8,7 @@ from rig.scenario.config import TINY_MODEL, PromptSource, Scenario, ScenarioErro
 from rig.scenario.loader import load_scenario
 from rig.scenario.workload import resolve_prompts
 
-REPO = PROJECT_ROOT
-SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
+SHIPPED = sorted((PROJECT_ROOT / "scenarios").glob("*.yaml"))
 
 MINIMAL = {"workload": {"prompts": [{"long_tokens": [100]}], "concurrency": [1]}}
 
@@ -38,7 +37,7 @@ def test_scenarios_are_shipped():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_scenario_validates_and_its_prompts_resolve(path, monkeypatch):
-    monkeypatch.chdir(REPO)
+    monkeypatch.chdir(PROJECT_ROOT)
     scenario = load_scenario(path)
     assert scenario.name == path.stem
     assert scenario.candidate.kernel  # every shipped scenario tests a candidate kernel

@@ -3,9 +3,10 @@ overrides, and the model's preset underneath the file."""
 
 import pytest
 
+from rig import PROJECT_ROOT
 from rig.scenario.config import ScenarioError
 from rig.scenario.loader import apply_overrides, load_presets, load_scenario, parse_override
-from tests.scenario.test_config import MINIMAL, REPO, error_of, write
+from tests.scenario.test_config import MINIMAL, error_of, write
 
 
 def test_every_problem_is_listed_on_one_line(tmp_path):
@@ -55,7 +56,7 @@ def test_prompt_path_resolves_beside_the_scenario_file(tmp_path, monkeypatch):
     (tmp_path / "mine.jsonl").write_text('{"id": "a", "prompt": "x"}\n', encoding="utf-8")
     data = {"workload": {"prompts": [{"path": "mine.jsonl"}], "concurrency": [1]}}
     path = write(tmp_path, data)
-    monkeypatch.chdir(REPO)  # the prompt file is not under the working directory
+    monkeypatch.chdir(PROJECT_ROOT)  # the prompt file is not under the working directory
     scenario = load_scenario(path)
     assert scenario.workload.prompts[0].path == tmp_path / "mine.jsonl"
 

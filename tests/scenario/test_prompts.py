@@ -7,9 +7,8 @@ import pytest
 from rig import PROJECT_ROOT
 from rig.scenario.prompts import ChatMessage, Prompt, PromptFileError, load_prompts
 
-REPO = PROJECT_ROOT
-PROMPTS = REPO / "prompts" / "prompts.jsonl"
-EXAMPLES = REPO / "prompts" / "examples"
+PROMPTS = PROJECT_ROOT / "prompts" / "prompts.jsonl"
+EXAMPLES = PROJECT_ROOT / "prompts" / "examples"
 
 
 def write_jsonl(path: Path, rows: list[object]) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import rig.serve.installs as installs
+from rig import PROJECT_ROOT
 from rig.scenario.config import Scenario
 from rig.serve.installs import (
     InstallError,
@@ -89,7 +90,7 @@ def test_the_plugin_path_names_the_rigs_entry_point_for_another_interpreter():
     assert (
         "rig_gdn_kernels = kernels.vllm_plugin:register" in (info / "entry_points.txt").read_text()
     )
-    assert str(installs.REPO) in entries and os.getcwd() in entries
+    assert str(PROJECT_ROOT) in entries and os.getcwd() in entries
 
 
 def test_a_side_is_served_by_one_thing_only():
