@@ -1,22 +1,25 @@
 """The performance control: does the rig's performance verdict see a slowdown that is there,
 and nothing where there is none?
 
-Runs of scenarios/perf-control.yaml (the tiny model, C=1, short prompts, repeats), each with a
-fresh pair of servers measured at the same time (no golden cache: a cached reference was
-measured at another time, on another machine load):
-  aa       candidate = reference: every metric must be `within noise` at a family-wise
-           confidence (default 95%: Bonferroni over the metrics, each interval at 99.4%; at
-           95% per metric some A/A metric is outside in about one run in seven);
-  planted  candidate `ref+delay-<N>ms` (vLLM's own kernel, N ms slept after every GDN prefill
-           call): TTFT must be `slower`, with an interval that contains the planted change (the
-           GDN prefill calls counted per request x N, over the reference's mean TTFT);
-  ns4      the vendored candidate against the reference, with its intervals (no expectation).
+Runs of one scenario (default scenarios/perf-control.yaml: the tiny model, C=1, short prompts,
+repeats; scenarios/gpu-speed.yaml on a GPU), each with a fresh pair of servers measured in the
+same run (no golden cache: a cached reference was measured at another time):
+  aa       candidate = reference: every headline word must be `within noise` (and every headline
+           interval within the scenario's workload.speed_resolution_pct, where it asks for one);
+           the 9 metrics are also judged at a family-wise confidence (default 95%);
+  planted  candidate `ref+delay-<N>ms` (vLLM's own kernel, N ms after every GDN prefill call):
+           TTFT must be `slower`, with an interval that contains the planted change (the GDN
+           prefill calls counted per request x N, over the reference's mean TTFT).
+           --planted-pct P sizes N from the A/A run: P % of its reference's mean TTFT at C=1,
+           over the GDN prefill calls per request;
+  ns4      the vendored candidate against the reference, with its intervals, beside what the
+           servers' own GDN time per call predicts for TTFT at C=1 (no expectation).
 <results-dir>/<run-id>/summary.md sets them side by side; exit 0 when every check holds, 1 when
 one fails, 2 when a run could not be made.
 
-    python benchmarks/perf_control.py [--delay-ms 50] [--repeats 5] [--prompts 32]
-        [--comparisons aa,planted,ns4] [--family-confidence 0.95] [--results-dir results]
-        [--run-id ID] [--set KEY=VALUE ...]
+    python benchmarks/perf_control.py [--scenario S] [--delay-ms 50 | --planted-pct 5]
+        [--repeats N] [--prompts N] [--comparisons aa,planted,ns4] [--family-confidence 0.95]
+        [--results-dir results] [--run-id ID] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import json
+import math
 import os
 import subprocess
 import sys
@@ -36,9 +41,19 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rig.records import REQUESTS_FILE, read_records  # noqa: E402
+from rig.records import REQUESTS_FILE, ServerDelta, read_records  # noqa: E402
 from rig.report.markdown import delta_md  # noqa: E402
-from rig.verdict.perf import NOISE, PERF_METRICS, SLOWER, candidate_rows, perf_frame  # noqa: E402
+from rig.run.state import SERVER_COUNTERS_FILE, read_jsonl  # noqa: E402
+from rig.verdict.intervals import TimingDesign  # noqa: E402
+from rig.verdict.perf import (  # noqa: E402
+    NOISE,
+    PAIR,
+    PERF_METRICS,
+    SLOWER,
+    candidate_rows,
+    perf_frame,  # noqa: E402
+)
+from rig.verdict.speed import HEADLINE_METRICS  # noqa: E402
 
 SCENARIO = "scenarios/perf-control.yaml"
 COMPARISONS = ("aa", "planted", "ns4")
@@ -61,11 +76,27 @@ class ControlRun:
         )
 
     def perf(self) -> pd.DataFrame:
-        """The run's perf.csv, candidate rows (95% per metric, as the run reported them)."""
+        """The run's perf.csv, candidate rows (as the run reported them)."""
         path = self.run_dir / "perf.csv"
         if not path.exists() or path.stat().st_size == 0:  # a run that compared nothing
             return pd.DataFrame()
         return candidate_rows(pd.read_csv(path))
+
+    def manifest(self) -> dict:
+        path = self.run_dir / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def timing(self) -> TimingDesign:
+        """The run's timing design, as its own report took it (units, blocks left out)."""
+        perf, manifest = self.perf(), self.manifest()
+        workload = self.workload()
+        pairs = perf.loc[perf["unit"] == PAIR, "level"] if "unit" in perf else []
+        sequential = workload.get("speed_resolution_pct") is not None
+        return TimingDesign(
+            pair_levels=frozenset(int(level) for level in pairs),
+            excluded=frozenset(tuple(block) for block in manifest.get("excluded_blocks", [])),
+            stage_one_blocks=workload.get("repeats") if sequential else None,
+        )
 
     def perf_at(self, confidence: float) -> pd.DataFrame:
         """The run's comparison again from its requests, at another confidence."""
@@ -73,7 +104,49 @@ class ControlRun:
         if not path.exists():
             return pd.DataFrame()
         records = read_records(path)
-        return candidate_rows(perf_frame(records, confidence=confidence))
+        return candidate_rows(perf_frame(records, confidence=confidence, timing=self.timing()))
+
+    def workload(self) -> dict:
+        """The run's resolved workload keys (scenario.resolved.json)."""
+        path = self.run_dir / "scenario.resolved.json"
+        return json.loads(path.read_text())["workload"] if path.exists() else {}
+
+    def resolution_pct(self) -> float | None:
+        return self.workload().get("speed_resolution_pct")
+
+
+def reference_ttft_per_call_ms(run: ControlRun) -> tuple[float, float] | None:
+    """From a finished run: the reference's mean TTFT at C=1 (ms) and its GDN prefill calls per
+    C=1 request, counted on its /metrics."""
+    records = [
+        r
+        for r in read_records(run.run_dir / REQUESTS_FILE)
+        if r.side == "reference" and r.level == 1 and r.error is None and not r.warmup
+    ]
+    deltas = read_jsonl(run.run_dir / SERVER_COUNTERS_FILE, ServerDelta)
+    counted = [d for d in deltas if d.server == "reference" and d.level == 1]
+    calls = sum(d.gdn_prefill_calls or 0 for d in counted)
+    if not records or not calls:
+        return None
+    ttft_ms = 1000 * sum(r.ttft_s for r in records) / len(records)
+    return ttft_ms, calls / len(records)
+
+
+def planted_delay_ms(args: argparse.Namespace, runs: dict[str, ControlRun]) -> float:
+    """--delay-ms, or --planted-pct of the A/A run's reference TTFT over its calls per request."""
+    if args.planted_pct is None:
+        return args.delay_ms
+    measured = reference_ttft_per_call_ms(runs["aa"]) if "aa" in runs else None
+    if measured is None:
+        raise SystemExit("perf-control: --planted-pct needs a finished A/A run at C=1 before it")
+    ttft_ms, calls = measured
+    delay = round(args.planted_pct / 100 * ttft_ms / calls, 2)
+    print(
+        f"perf-control: planted {args.planted_pct:g} % of the reference's {ttft_ms:.1f} ms TTFT "
+        f"over {calls:.2f} GDN prefill calls per request: {delay:g} ms per call",
+        flush=True,
+    )
+    return delay
 
 
 def candidate_kernel(name: str, delay_ms: float) -> str | None:
@@ -81,19 +154,20 @@ def candidate_kernel(name: str, delay_ms: float) -> str | None:
 
 
 def rig_argv(name: str, kernel: str | None, args: argparse.Namespace, folder: Path) -> list[str]:
-    prompts = f"[{{path: prompts/prompts.jsonl, limit: {args.prompts}}}]"
-    return [
-        sys.executable, "-m", "rig.run", SCENARIO, "--no-cache", "--run-id", name,
+    argv = [
+        sys.executable, "-m", "rig.run", args.scenario, "--no-cache", "--run-id", name,
         "--set", f"results_dir={folder}",
         "--set", f"candidate.kernel={kernel or 'null'}",
-        "--set", f"workload.repeats={args.repeats}",
-        "--set", f"workload.prompts={prompts}",
-        *(item for override in args.set for item in ("--set", override)),
     ]  # fmt: skip
+    if args.repeats is not None:
+        argv += ["--set", f"workload.repeats={args.repeats}"]
+    if args.prompts is not None:
+        prompts = f"[{{path: prompts/prompts.jsonl, limit: {args.prompts}}}]"
+        argv += ["--set", f"workload.prompts={prompts}"]
+    return argv + [item for override in args.set for item in ("--set", override)]
 
 
-def run_one(name: str, args: argparse.Namespace, folder: Path) -> ControlRun:
-    kernel = candidate_kernel(name, args.delay_ms)
+def run_one(name: str, kernel: str | None, args: argparse.Namespace, folder: Path) -> ControlRun:
     argv = rig_argv(name, kernel, args, folder)
     log = folder / f"{name}.log"
     print(f"perf-control: {name}: {' '.join(argv[1:])} (output in {log})", flush=True)
@@ -105,48 +179,76 @@ def run_one(name: str, args: argparse.Namespace, folder: Path) -> ControlRun:
     return run
 
 
-def per_metric_confidence(family_confidence: float) -> float:
-    """Bonferroni: each of the metrics at this level keeps the family's error rate."""
-    return 1 - (1 - family_confidence) / len(PERF_METRICS)
+def per_metric_confidence(family_confidence: float, levels: int = 1) -> float:
+    """Bonferroni: each of the metrics at each level keeps the family's error rate."""
+    return 1 - (1 - family_confidence) / (len(PERF_METRICS) * max(levels, 1))
+
+
+def aa_checks(run: ControlRun, family_confidence: float) -> list[tuple[bool, str]]:
+    """A/A: the run's own headline words all `within noise`; every headline interval inside
+    the asked-for resolution; all 9 metrics within noise at a family-wise confidence."""
+    reported = run.perf()
+    levels = int(reported["level"].nunique()) if not reported.empty else 1
+    each = per_metric_confidence(family_confidence, levels)
+    family = run.perf_at(each)
+    off = [text for text in (_off_noise(family, m) for m in PERF_METRICS) if text]
+    where = f"at family-wise {family_confidence:.0%} (each interval at {each:.2%})"
+    results = [
+        (
+            not family.empty and not off,
+            f"A/A: `within noise` on all {len(PERF_METRICS)} metrics {where}"
+            if not family.empty and not off
+            else f"A/A: not `within noise` {where} on {', '.join(off)}",
+        )
+    ]
+    words = sorted({w for m in HEADLINE_METRICS for w in reported.get(f"{m}_word", ["no result"])})
+    results.append((words == [NOISE], f"A/A: the run's headline words: {', '.join(words)}"))
+    target = run.resolution_pct()
+    if target is not None and not reported.empty:
+        widest = max(
+            max(abs(row[f"{m}_ci_low_pct"]), abs(row[f"{m}_ci_high_pct"]))
+            for _, row in reported.iterrows()
+            for m in HEADLINE_METRICS
+        )
+        inside = math.isfinite(widest) and widest <= target
+        results.append(
+            (
+                inside,
+                f"A/A: every headline interval inside ±{target:g} % (widest bound {widest:.1f} %)",
+            )
+        )
+    return results
+
+
+def planted_checks(run: ControlRun) -> list[tuple[bool, str]]:
+    perf = run.perf()
+    rows = pd.DataFrame()
+    if "planted_ms_per_request" in perf:
+        rows = perf.dropna(subset=["planted_ms_per_request"])
+    if rows.empty:
+        return [(False, "planted: no planted change measured (no perf.csv or no C=1)")]
+    results = []
+    for _, row in rows.iterrows():
+        slower = row["mean_ttft_ms_word"] == SLOWER
+        inside = bool(row["mean_ttft_ms_planted_inside_ci"])
+        results.append(
+            (
+                slower and inside,
+                f"planted: TTFT {delta_md(row, 'mean_ttft_ms')}, planted "
+                f"{row['mean_ttft_ms_planted_pct']:+.1f} % "
+                f"{'inside' if inside else 'outside'} the interval",
+            )
+        )
+    return results
 
 
 def checks(runs: dict[str, ControlRun], family_confidence: float) -> list[tuple[bool, str]]:
     """(passed, sentence) per expectation of the control."""
     results = []
     if "aa" in runs:
-        each = per_metric_confidence(family_confidence)
-        family = runs["aa"].perf_at(each)
-        reported = runs["aa"].perf()
-        off = [text for text in (_off_noise(family, m) for m in PERF_METRICS) if text]
-        at_95 = sum(_off_noise(reported, m) is None for m in PERF_METRICS)
-        passed = not family.empty and not off
-        where = f"at family-wise {family_confidence:.0%} (each interval at {each:.2%})"
-        sentence = (
-            f"A/A: `within noise` on all {len(PERF_METRICS)} metrics {where}"
-            if passed
-            else f"A/A: not `within noise` {where} on {', '.join(off)}"
-        )
-        results.append(
-            (passed, f"{sentence}; at 95% per metric {at_95} of {len(PERF_METRICS)} within noise")
-        )
+        results += aa_checks(runs["aa"], family_confidence)
     if "planted" in runs:
-        perf = runs["planted"].perf()
-        rows = pd.DataFrame()
-        if "planted_ms_per_request" in perf:
-            rows = perf.dropna(subset=["planted_ms_per_request"])
-        if rows.empty:
-            results.append((False, "planted: no planted change measured (no perf.csv or no C=1)"))
-        for _, row in rows.iterrows():
-            slower = row["mean_ttft_ms_word"] == SLOWER
-            inside = bool(row["mean_ttft_ms_planted_inside_ci"])
-            results.append(
-                (
-                    slower and inside,
-                    f"planted: TTFT {delta_md(row, 'mean_ttft_ms')}, planted "
-                    f"{row['mean_ttft_ms_planted_pct']:+.1f} % "
-                    f"{'inside' if inside else 'outside'} the interval",
-                )
-            )
+        results += planted_checks(runs["planted"])
     return results
 
 
@@ -154,6 +256,20 @@ def _off_noise(perf: pd.DataFrame, metric: str) -> str | None:
     """`metric (word)` when its word is not `within noise` in some row, else None."""
     words = set(perf[f"{metric}_word"]) if not perf.empty else {"no result"}
     return None if words == {NOISE} else f"{metric} ({'/'.join(sorted(words))})"
+
+
+def gdn_prediction(row: pd.Series, run: ControlRun) -> str:
+    """What the servers' own GDN time predicts for TTFT at C=1: the change in GDN time per call,
+    times the calls per request, over the reference's mean TTFT."""
+    measured = reference_ttft_per_call_ms(run) if int(row["level"]) == 1 else None
+    ref, cand = row.get("gdn_ms_per_call_reference"), row.get("gdn_ms_per_call_candidate")
+    if measured is None or pd.isna(ref) or pd.isna(cand):
+        return ""
+    ttft_ms, calls = measured
+    return (
+        f"GDN {ref:.3f} → {cand:.3f} ms per call x {calls:.2f} calls per request: predicts "
+        f"TTFT {100 * (cand - ref) * calls / ttft_ms:+.1f} % at C=1"
+    )
 
 
 def machine_line() -> str:
@@ -186,26 +302,39 @@ def _installed(name: str) -> bool:
 
 
 def render_summary(
-    run_id: str, runs: dict[str, ControlRun], results: list[tuple[bool, str]], machine: str
+    args: argparse.Namespace,
+    runs: dict[str, ControlRun],
+    results: list[tuple[bool, str]],
+    machine: str,
 ) -> str:
     lines = [
-        f"## rig performance control ({run_id})",
+        f"## rig performance control ({args.run_id})",
         "",
-        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {machine}; `{SCENARIO}`.",
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {machine}; `{args.scenario}`.",
         "",
-        "Change = candidate − reference in percent [95% interval: Student's t over the "
-        "repeats' paired ratios], and its word.",
+        "Change = candidate − reference in percent [interval at the run's family-wise 95%, in "
+        "the unit its schedule allows], and its word; per level.",
         "",
     ]
     frames = {name: run.perf() for name, run in runs.items()}
-    header = "| metric | " + " | ".join(run.label for run in runs.values()) + " |"
-    lines += [header, "|---|" + "---|" * len(runs)]
-    for metric in PERF_METRICS:
-        cells = [
-            delta_md(frame.iloc[0], metric) if not frame.empty else "(no result)"
-            for frame in frames.values()
-        ]
-        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    levels = sorted({int(level) for frame in frames.values() for level in frame.get("level", [])})
+    header = "| metric | C | " + " | ".join(run.label for run in runs.values()) + " |"
+    lines += [header, "|---|---:|" + "---|" * len(runs)]
+    for metric in (*PERF_METRICS, "gdn_ms_per_call", "server_prefill_ms", "server_decode_ms"):
+        for level in levels:
+            cells = []
+            for frame in frames.values():
+                rows = frame[frame["level"] == level] if not frame.empty else frame
+                cells.append(delta_md(rows.iloc[0], metric) if not rows.empty else "(no result)")
+            lines.append(f"| {metric} | {level} | " + " | ".join(cells) + " |")
+    lines += ["", "Blocks per level (unit; left out for a JIT compilation):", ""]
+    for name, frame in frames.items():
+        blocks = "; ".join(
+            f"C={int(row['level'])}: {int(row['repeats'])} ({row.get('unit', 'block')}; "
+            f"{int(row.get('excluded_blocks', 0) or 0)} left out)"
+            for _, row in frame.iterrows()
+        )
+        lines.append(f"- {name}: {blocks or 'none'}")
     planted = frames.get("planted")
     if planted is not None and "planted_ms_per_request" in planted:
         for _, row in planted.dropna(subset=["planted_ms_per_request"]).iterrows():
@@ -217,6 +346,15 @@ def render_summary(
                 f"request: {row['mean_ttft_ms_planted_pct']:+.1f} % of the reference's mean "
                 f"TTFT, {row['mean_e2el_ms_planted_pct']:+.1f} % of its mean E2EL.",
             ]
+    if "ns4" in runs:
+        for _, row in frames["ns4"].iterrows():
+            prediction = gdn_prediction(row, runs["ns4"])
+            if prediction:
+                lines += ["", f"ns4 at C={int(row['level'])}: {prediction}; measured TTFT "
+                          f"{delta_md(row, 'mean_ttft_ms')}."]  # fmt: skip
+    lines += ["", "Speed lines:", ""]
+    for name, run in runs.items():
+        lines.append(f"- {name}: {run.manifest().get('speed', '(no report)')}")
     lines += ["", "Checks:", ""]
     lines += [f"- {'✓' if passed else '✗'} {sentence}" for passed, sentence in results]
     lines += ["", "Runs:", ""]
@@ -229,9 +367,13 @@ def render_summary(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", default=SCENARIO)
     parser.add_argument("--delay-ms", type=float, default=50.0, help="planted per prefill call")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--prompts", type=int, default=32, help="short prompts per repeat")
+    parser.add_argument(
+        "--planted-pct", type=float, help="size the delay as this %% of the A/A reference's TTFT"
+    )
+    parser.add_argument("--repeats", type=int, help="workload.repeats (default: the scenario's)")
+    parser.add_argument("--prompts", type=int, help="short prompts per block (prompts.jsonl)")
     parser.add_argument("--comparisons", default=",".join(COMPARISONS))
     parser.add_argument("--family-confidence", type=float, default=0.95, help="A/A check")
     parser.add_argument("--results-dir", type=Path, default=REPO / "results")
@@ -244,6 +386,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.comparisons) - set(COMPARISONS))
     if unknown or not args.comparisons:
         parser.error(f"--comparisons: choose from {', '.join(COMPARISONS)}, not {unknown}")
+    order = args.comparisons
+    sized = args.planted_pct is not None and "planted" in order
+    if sized and "aa" not in order[: order.index("planted")]:
+        parser.error("--planted-pct sizes the delay from the A/A run: list aa before planted")
     return args
 
 
@@ -252,10 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = (args.results_dir / args.run_id).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     machine = machine_line()
-    runs = {name: run_one(name, args, folder) for name in args.comparisons}
+    runs: dict[str, ControlRun] = {}
+    for name in args.comparisons:
+        delay = planted_delay_ms(args, runs) if name == "planted" else args.delay_ms
+        runs[name] = run_one(name, candidate_kernel(name, delay), args, folder)
     machine += f" before the runs, {machine_line().rsplit('load average ', 1)[1]} after"
     results = checks(runs, args.family_confidence)
-    text = render_summary(args.run_id, runs, results, machine)
+    text = render_summary(args, runs, results, machine)
     (folder / "summary.md").write_text(text, encoding="utf-8")
     print(text)
     print(f"perf-control: summary in {folder / 'summary.md'}")

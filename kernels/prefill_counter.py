@@ -1,38 +1,43 @@
 """What one vLLM process proves about its GDN prefill: the counter the plugin wraps around the op.
 
 kernels/vllm_plugin.py decides which op runs and installs it; this file is the evidence that op
-leaves, whatever it is: `PrefillCounter` counts (and, with RIG_GDN_TIME=1, times) every prefill
-call and mirrors the count to the stats folder and, where vLLM serves /metrics from
-PROMETHEUS_MULTIPROC_DIR, to multiprocess gauges (kernels/proof_metrics.py); `new_counter`
-prints the process's marker line. `share_evidence_folder` gives one server's processes one
-stats folder and one server id. kernels/proof.py reads all of it back.
+leaves, whatever it is: `PrefillCounter` counts and times every prefill call, counts the
+process's JIT compilations (kernels/compile_counter.py), and mirrors all of it to the stats
+folder and, where vLLM serves /metrics from PROMETHEUS_MULTIPROC_DIR, to multiprocess gauges
+(kernels/proof_metrics.py); `new_counter` prints the process's marker line.
+`share_evidence_folder` gives one server's processes one stats folder and one server id.
+kernels/proof.py reads all of it back.
 """
 
 import os
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from kernels.proof import STATS_DIR_ENV, PrefillStats, format_marker, stats_file_name
 from kernels.proof_metrics import MultiprocessGauges, multiprocess_gauges_from_env
+from kernels.registry import runs_on_cuda
 
 SERVER_ENV = "RIG_GDN_SERVER_ID"  # set by the first process, inherited by the rest of a server
-TIME_ENV = "RIG_GDN_TIME"
+TIME_ENV = "RIG_GDN_TIME"  # "1": time calls between two device synchronisations
+PENDING_LIMIT = 1024  # CUDA event pairs waiting for the GPU; beyond, the oldest go untimed
 
 _private_stats_dir: tempfile.TemporaryDirectory | None = None
 
 
 @dataclass
 class PrefillCounter:
-    """This process's evidence: the kernel it installed, vLLM's own backend choice and its GDN
-    prefill calls, mirrored to the stats folder and, where vLLM serves /metrics from
-    PROMETHEUS_MULTIPROC_DIR, to multiprocess gauges."""
+    """This process's evidence: the kernel it installed, vLLM's own backend choice, its GDN
+    prefill calls and their time, and its JIT compilations, mirrored to the stats folder and,
+    where vLLM serves /metrics from PROMETHEUS_MULTIPROC_DIR, to multiprocess gauges."""
 
     kernel: str
     source_sha256: str
@@ -42,9 +47,17 @@ class PrefillCounter:
     vllm_backend: str = ""
     requested_backend: str = ""
     calls: int = 0
+    timed_calls: int = 0
     seconds: float = 0.0
-    timed: bool = False
+    compiles: int = 0
+    synchronised: bool = False  # RIG_GDN_TIME=1
     gauges: MultiprocessGauges | None = None
+    # (start, end) events of CUDA calls the GPU may not have finished, oldest first
+    pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = field(
+        default_factory=lambda: deque(maxlen=PENDING_LIMIT)
+    )
+    # compile hooks can fire on a compiler's thread while a prefill call publishes
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def snapshot(self) -> PrefillStats:
         return PrefillStats(
@@ -57,41 +70,87 @@ class PrefillCounter:
             requested_backend=self.requested_backend,
             server=self.server,
             seconds=self.seconds,
+            timed_calls=self.timed_calls,
+            compiles=self.compiles,
         )
 
     def publish(self) -> None:
-        record = self.snapshot()
-        if self.stats_dir is not None:
-            path = self.stats_dir / stats_file_name(record.pid)
-            temporary = path.with_name(f".{path.name}.tmp")
-            try:
-                temporary.write_text(record.to_json())
-                os.replace(temporary, path)
-            except OSError as error:  # the folder went away: keep serving, say so once
-                print(f"rig GDN plugin: stats not kept: {error}", file=sys.stderr, flush=True)
-                self.stats_dir = None
-        if self.gauges is not None:
-            self.gauges.publish(record)
+        with self.lock:
+            self._drain()
+            record = self.snapshot()
+            if self.stats_dir is not None:
+                path = self.stats_dir / stats_file_name(record.pid)
+                temporary = path.with_name(f".{path.name}.tmp")
+                try:
+                    temporary.write_text(record.to_json())
+                    os.replace(temporary, path)
+                except OSError as error:  # the folder went away: keep serving, say so once
+                    print(f"rig GDN plugin: stats not kept: {error}", file=sys.stderr, flush=True)
+                    self.stats_dir = None
+            if self.gauges is not None:
+                self.gauges.publish(record)
 
     def record(self) -> None:
-        self.calls += 1
-        self.publish()
+        with self.lock:
+            self.calls += 1
+            self.publish()
+
+    def compiled(self) -> None:
+        """One JIT compilation in this process, published at once: a block of load that
+        compiled is told from one that did not by the readings around it."""
+        with self.lock:
+            self.compiles += 1
+            self.publish()
 
     def call(self, op: Callable, *args, **kwargs):
-        """Run one prefill call and count it; with RIG_GDN_TIME, time it between two device
-        synchronisations (CPU tensors need none)."""
-        if not self.timed:
+        """Run one prefill call, count it and time it without making the server wait: on CPU
+        tensors the op is synchronous, so the wall clock around it; on CUDA, events around it on
+        the current stream, read once the GPU has passed them (on a later call or publish).
+        RIG_GDN_TIME=1: between two device synchronisations instead."""
+        if self.synchronised:
+            result = self._synchronised_call(op, args, kwargs)
+        elif runs_on_cuda(args, kwargs):
+            result = self._event_timed_call(op, args, kwargs)
+        else:
+            started = time.perf_counter()
             result = op(*args, **kwargs)
-            self.record()
-            return result
+            self._timed(time.perf_counter() - started)
+        self.record()
+        return result
+
+    def _timed(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.timed_calls += 1
+
+    def _synchronised_call(self, op: Callable, args: tuple, kwargs: dict):
         synchronize = torch.cuda.synchronize if torch.cuda.is_initialized() else lambda: None
         synchronize()
         started = time.perf_counter()
         result = op(*args, **kwargs)
         synchronize()
-        self.seconds += time.perf_counter() - started
-        self.record()
+        self._timed(time.perf_counter() - started)
         return result
+
+    def _event_timed_call(self, op: Callable, args: tuple, kwargs: dict):
+        """Untimed while a CUDA graph is captured: its events would only time the capture."""
+        if torch.cuda.is_current_stream_capturing():
+            return op(*args, **kwargs)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = op(*args, **kwargs)
+        end.record()
+        with self.lock:  # a full deque drops the oldest pair, which a drain may be reading
+            self.pending.append((start, end))
+        return result
+
+    def _drain(self) -> None:
+        """Add the time of the calls the GPU has finished, oldest first (one stream finishes
+        its work in order). Querying an event is not allowed during a graph capture."""
+        if not self.pending or torch.cuda.is_current_stream_capturing():
+            return
+        while self.pending and self.pending[0][1].query():
+            start, end = self.pending.popleft()
+            self._timed(start.elapsed_time(end) / 1000)
 
     def built_op(self, kernel: str, vllm_backend: str, requested_backend: str) -> None:
         """The GDN op was built: vLLM chose `vllm_backend` when asked for `requested_backend`."""
@@ -138,7 +197,7 @@ def new_counter(kernel: str, source_sha256: str, platform: str) -> PrefillCounte
         platform=platform,
         stats_dir=_stats_dir(),
         server=os.environ.get(SERVER_ENV, ""),
-        timed=os.environ.get(TIME_ENV, "") == "1",
+        synchronised=os.environ.get(TIME_ENV, "") == "1",
         gauges=multiprocess_gauges_from_env(),
     )
     _emit_marker(kernel, source_sha256, platform)

@@ -7,9 +7,12 @@ loads in (API server, engine core, workers):
         [rig-gdn] kernel=ns4 source_sha256=<64 hex> pid=1234 platform=cpu
   - `gdn-calls-<pid>.json` in RIG_GDN_STATS_DIR (PrefillStats), written at load (calls 0) and
     kept current as the process runs GDN prefill;
-  - two gauge families on the API server's /metrics (kernels/proof_metrics.py):
+  - gauge families on the API server's /metrics (kernels/proof_metrics.py):
         rig_gdn_kernel_info{kernel,source_sha256,platform,backend,requested_backend,pid} 1
         rig_gdn_prefill_calls{kernel,source_sha256,pid} <calls>
+        rig_gdn_prefill_seconds{kernel,source_sha256,pid} <time of the timed calls>
+        rig_gdn_prefill_timed_calls{kernel,source_sha256,pid} <calls timed so far>
+        rig_jit_compiles{pid} <JIT compilations seen in the process>
     `backend` is the backend vLLM itself chose (triton, flashinfer, cutedsl, cpu-native),
     `requested_backend` what vLLM was asked for (auto unless --gdn-prefill-backend said); both
     are empty in processes that never built the GDN op (API server, engine core).
@@ -17,12 +20,14 @@ loads in (API server, engine core, workers):
 carrying the server id of such a pid (processes of the same server whose stderr vLLM captured,
 such as its model-registry inspection subprocess, which loads plugins), so a shared or stale stats
 folder cannot vouch for a server; `read_kernel_proof_from_metrics`
-reads the same facts from /metrics, which also works for servers the rig did not start.
+reads the same facts from /metrics, which also works for servers the rig did not start, and
+`read_plugin_counters` the counters summed over processes.
 """
 
 import json
 import re
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -41,6 +46,9 @@ STATS_GLOB = "gdn-calls-*.json"
 
 INFO_METRIC = "rig_gdn_kernel_info"
 CALLS_METRIC = "rig_gdn_prefill_calls"
+SECONDS_METRIC = "rig_gdn_prefill_seconds"  # labelled as CALLS_METRIC
+TIMED_CALLS_METRIC = "rig_gdn_prefill_timed_calls"  # labelled as CALLS_METRIC
+COMPILES_METRIC = "rig_jit_compiles"  # pid only: compilations are the process's, not a kernel's
 PID_LABEL = "pid"
 INFO_LABELS = ("kernel", "source_sha256", "platform", "backend", "requested_backend")
 CALLS_LABELS = ("kernel", "source_sha256")
@@ -78,7 +86,9 @@ class PrefillStats:
     vllm_backend: str = ""
     requested_backend: str = ""
     server: str = ""
-    seconds: float = 0.0  # time in GDN prefill, with RIG_GDN_TIME=1 (else 0)
+    seconds: float = 0.0  # time in the timed_calls
+    timed_calls: int = 0  # calls whose time is in `seconds` (the rest still run on the GPU)
+    compiles: int = 0  # Triton and torch.compile JIT compilations seen in this process
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -258,23 +268,30 @@ def _labels(text: str) -> dict[str, str]:
     return labels
 
 
-def read_kernel_proof_from_metrics(metrics_text: str) -> KernelProof:
-    """The proof in a Prometheus text exposition (a vLLM server's /metrics): one info sample
-    per process the plugin loaded in (value 1; 0 marks a superseded label set), one calls
-    sample per process and kernel."""
-    loaded: dict[int, PrefillStats] = {}
-    counted: list[PrefillStats] = []
+def _samples(metrics_text: str, names: tuple[str, ...]) -> Iterator[tuple[str, dict, int, float]]:
+    """(name, labels, pid, value) of the samples of `names` in a Prometheus text exposition;
+    samples without a pid are not the plugin's."""
     for line in metrics_text.splitlines():
         match = _SAMPLE_LINE.match(line)
-        if match is None or match["name"] not in (INFO_METRIC, CALLS_METRIC):
+        if match is None or match["name"] not in names:
             continue
         labels = _labels(match["labels"])
         try:
             pid, value = int(labels.get(PID_LABEL, "")), float(match["value"])
         except ValueError:
             continue
+        yield match["name"], labels, pid, value
+
+
+def read_kernel_proof_from_metrics(metrics_text: str) -> KernelProof:
+    """The proof in a Prometheus text exposition (a vLLM server's /metrics): one info sample
+    per process the plugin loaded in (value 1; 0 marks a superseded label set), one calls
+    sample per process and kernel."""
+    loaded: dict[int, PrefillStats] = {}
+    counted: list[PrefillStats] = []
+    for name, labels, pid, value in _samples(metrics_text, (INFO_METRIC, CALLS_METRIC)):
         kernel, sha = labels.get("kernel", ""), labels.get("source_sha256", "")
-        if match["name"] == CALLS_METRIC:
+        if name == CALLS_METRIC:
             counted.append(PrefillStats(kernel, sha, int(value), pid))
         elif value == 1:
             loaded[pid] = PrefillStats(
@@ -287,6 +304,38 @@ def read_kernel_proof_from_metrics(metrics_text: str) -> KernelProof:
                 requested_backend=labels.get("requested_backend", ""),
             )
     return _proof([loaded[pid] for pid in sorted(loaded)], counted, None, "metrics")
+
+
+@dataclass(frozen=True)
+class PluginCounters:
+    """The plugin's counters on one server's /metrics, summed over its processes: read before
+    and after a block of load, their differences are its GDN prefill calls, the time of those
+    timed, and whether anything compiled meanwhile."""
+
+    calls: int
+    timed_calls: int
+    seconds: float
+    compiles: int
+
+
+def read_plugin_counters(metrics_text: str) -> PluginCounters | None:
+    """The counters in a Prometheus text exposition; None without rig plugin evidence (no
+    rig_gdn_kernel_info sample of value 1). Superseded label sets are 0 and add nothing."""
+    totals = dict.fromkeys((CALLS_METRIC, TIMED_CALLS_METRIC, SECONDS_METRIC, COMPILES_METRIC), 0.0)
+    loaded = False
+    for name, _, _, value in _samples(metrics_text, (INFO_METRIC, *totals)):
+        if name == INFO_METRIC:
+            loaded = loaded or value == 1
+        else:
+            totals[name] += value
+    if not loaded:
+        return None
+    return PluginCounters(
+        calls=int(totals[CALLS_METRIC]),
+        timed_calls=int(totals[TIMED_CALLS_METRIC]),
+        seconds=totals[SECONDS_METRIC],
+        compiles=int(totals[COMPILES_METRIC]),
+    )
 
 
 def fetch_metrics_text(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> str:

@@ -11,7 +11,7 @@ The evidence is made in the workers, not in the API server. So every process the
 in registers a `StatsCollector` in REGISTRY that reads this server's stats files at scrape time
 (only the API server's is ever scraped), and, where PROMETHEUS_MULTIPROC_DIR is set, also writes
 its evidence as multiprocess gauges (mode "all": one sample per process, prometheus_client adds
-the pid label). Either way /metrics shows the same two families (kernels/proof.py).
+the pid label). Either way /metrics shows the same families (kernels/proof.py).
 """
 
 import os
@@ -23,9 +23,12 @@ from prometheus_client.core import GaugeMetricFamily
 from kernels.proof import (
     CALLS_LABELS,
     CALLS_METRIC,
+    COMPILES_METRIC,
     INFO_LABELS,
     INFO_METRIC,
     PID_LABEL,
+    SECONDS_METRIC,
+    TIMED_CALLS_METRIC,
     PrefillStats,
     read_stats,
 )
@@ -36,6 +39,12 @@ INFO_HELP = (
     "GDN prefill backend choice and request (empty where the GDN op was never built)"
 )
 CALLS_HELP = "GDN prefill calls made by this vLLM process through the rig GDN plugin"
+KERNEL_FAMILIES = {  # labelled like the calls: metric -> (PrefillStats field, help)
+    CALLS_METRIC: ("calls", CALLS_HELP),
+    TIMED_CALLS_METRIC: ("timed_calls", "GDN prefill calls of this process whose time is known"),
+    SECONDS_METRIC: ("seconds", "GDN prefill time of this process's timed calls, in seconds"),
+}
+COMPILES_HELP = "Triton and torch.compile JIT compilations in this vLLM process"
 
 
 def info_values(record: PrefillStats) -> list[str]:
@@ -54,11 +63,18 @@ def calls_values(record: PrefillStats) -> list[str]:
 
 def evidence_families(records: list[PrefillStats]) -> list[GaugeMetricFamily]:
     info = GaugeMetricFamily(INFO_METRIC, INFO_HELP, labels=[*INFO_LABELS, PID_LABEL])
-    calls = GaugeMetricFamily(CALLS_METRIC, CALLS_HELP, labels=[*CALLS_LABELS, PID_LABEL])
+    per_kernel = {
+        name: GaugeMetricFamily(name, text, labels=[*CALLS_LABELS, PID_LABEL])
+        for name, (_, text) in KERNEL_FAMILIES.items()
+    }
+    compiles = GaugeMetricFamily(COMPILES_METRIC, COMPILES_HELP, labels=[PID_LABEL])
     for record in records:
-        info.add_metric([*info_values(record), str(record.pid)], 1)
-        calls.add_metric([*calls_values(record), str(record.pid)], record.calls)
-    return [info, calls]
+        pid = str(record.pid)
+        info.add_metric([*info_values(record), pid], 1)
+        for name, (field, _) in KERNEL_FAMILIES.items():
+            per_kernel[name].add_metric([*calls_values(record), pid], getattr(record, field))
+        compiles.add_metric([pid], record.compiles)
+    return [info, *per_kernel.values(), compiles]
 
 
 class StatsCollector:
@@ -86,21 +102,28 @@ class MultiprocessGauges:
         self.info = Gauge(
             INFO_METRIC, INFO_HELP, INFO_LABELS, registry=None, multiprocess_mode="all"
         )
-        self.calls = Gauge(
-            CALLS_METRIC, CALLS_HELP, CALLS_LABELS, registry=None, multiprocess_mode="all"
+        self.per_kernel = {
+            field: Gauge(name, text, CALLS_LABELS, registry=None, multiprocess_mode="all")
+            for name, (field, text) in KERNEL_FAMILIES.items()
+        }
+        self.compiles = Gauge(
+            COMPILES_METRIC, COMPILES_HELP, registry=None, multiprocess_mode="all"
         )
         self.published: PrefillStats | None = None
 
     def publish(self, record: PrefillStats) -> None:
         """Set this process's samples; a label set that changed (the reference's kernel is named
-        once the GDN op is built) is kept at 0, which readers skip."""
+        once the GDN op is built) is kept at 0, which readers skip or add as nothing."""
         previous = self.published
         if previous is not None and info_values(previous) != info_values(record):
             self.info.labels(*info_values(previous)).set(0)
         if previous is not None and calls_values(previous) != calls_values(record):
-            self.calls.labels(*calls_values(previous)).set(0)
+            for gauge in self.per_kernel.values():
+                gauge.labels(*calls_values(previous)).set(0)
         self.info.labels(*info_values(record)).set(1)
-        self.calls.labels(*calls_values(record)).set(record.calls)
+        for field, gauge in self.per_kernel.items():
+            gauge.labels(*calls_values(record)).set(getattr(record, field))
+        self.compiles.set(record.compiles)
         self.published = record
 
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from kernels.functions import (
     ENTRY_POINT_GROUP,
     FlaFunctionCpuOp,
@@ -83,13 +85,18 @@ class KernelSpec:
         return self.delayed(functools.partial(_fla_contract, ns_rounds=self.ns_rounds))
 
     def delayed(self, op: Callable) -> Callable:
-        """`op` itself without a planted delay, else `op` followed by the delay."""
+        """`op` itself without a planted delay, else `op` followed by the delay. On CUDA tensors
+        the device is synchronised before the sleep: the op's launches return before its work
+        is done, and a sleep overlapping that queued work would add less than the delay to the
+        GPU's timeline. On CPU the op has finished when it returns."""
         if not self.delay_ms:
             return op
 
         @functools.wraps(op)
         def slowed(*args, **kwargs):
             result = op(*args, **kwargs)
+            if runs_on_cuda(args, kwargs):
+                torch.cuda.synchronize()
             time.sleep(self.delay_s)
             return result
 
@@ -105,6 +112,12 @@ class KernelSpec:
         if self.delay_ms:
             sources += PLANTED_SOURCES
         return sha256_of_files([KERNEL_DIR / f for f in sources])
+
+
+def runs_on_cuda(args: tuple, kwargs: dict) -> bool:
+    """Whether a prefill call's arguments put it on a CUDA device, where its launches return
+    before the work is done (its tensors decide, not whether this process initialised CUDA)."""
+    return any(getattr(value, "is_cuda", False) for value in (*args, *kwargs.values()))
 
 
 def _sources(platform: str) -> tuple[str, ...]:

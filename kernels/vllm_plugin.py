@@ -14,17 +14,19 @@ the engine core and every worker, possibly more than once.
                           Unset: the first process makes a private temporary folder and sets
                           it, so the engine core and workers vLLM starts later inherit it.
   RIG_GDN_CAPTURE=dir     save the first RIG_GDN_CAPTURE_N (4) prefill calls per layer.
-  RIG_GDN_TIME=1          also time every prefill call (the device synchronised before and
-                          after it), kept as `seconds` in the stats: the GDN share of a
-                          prefill (benchmarks/gdn_share.py). Off by default: the syncs cost.
+  RIG_GDN_TIME=1          time every prefill call between two device synchronisations rather
+                          than by CUDA events read later (the default, which never waits for
+                          the GPU): the GDN share of a prefill (benchmarks/gdn_share.py).
 
 CPU build: `vllm._custom_ops.chunk_gated_delta_rule_cpu` is looked up as a module attribute on
 every call, so rebinding it swaps the kernel, compiled mode included. CUDA: an out-of-tree
 `ChunkGatedDeltaRule` (CustomOp name "ChunkGatedDeltaRule") whose forward is the candidate
 whatever --gdn-prefill-backend resolved to. Either way the prefill op, the reference included,
-is wrapped by a call counter (kernels/prefill_counter.py). Evidence, one set per process
-(kernels/proof.py reads it back): a marker line naming the kernel and the sha256 of its source,
-the stats file, and two gauge families on the API server's /metrics (kernels/proof_metrics.py).
+is wrapped by a call counter that also times the calls (kernels/prefill_counter.py), and the
+process's JIT compilations are counted (kernels/compile_counter.py). Evidence, one set per
+process (kernels/proof.py reads it back): a marker line naming the kernel and the sha256 of its
+source, the stats file, and gauge families on the API server's /metrics
+(kernels/proof_metrics.py).
 """
 
 import inspect
@@ -37,6 +39,7 @@ import torch
 
 from kernels.backends import AUTO, CPU_NATIVE, reference_kernel_name
 from kernels.capture import CaptureWriter, calling_layer_name, capture_writer_from_env
+from kernels.compile_counter import count_compilations
 from kernels.functions import KernelFunctionError
 from kernels.gdn_inputs import GdnInputs
 from kernels.prefill_counter import PrefillCounter, new_counter, share_evidence_folder
@@ -85,8 +88,8 @@ def selected_kernel() -> KernelSpec | None:
 
 
 def register() -> None:
-    """Install the selected kernel (or the counted reference) once per process, and publish
-    this server's evidence on /metrics."""
+    """Install the selected kernel (or the counted reference) once per process, count its JIT
+    compilations, and publish this server's evidence on /metrics."""
     global _installed_platform
     if _installed_platform is not None:
         return
@@ -113,6 +116,7 @@ def register() -> None:
         return
     share_evidence_folder()
     counter = install_cpu(spec) if platform == "cpu" else install_cuda(spec).rig_counter
+    count_compilations(counter)
     register_collector(counter.stats_dir, counter.server)
     _installed_platform = platform
 

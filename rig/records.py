@@ -1,6 +1,6 @@
 """The records every pipeline stage passes on: what to send (RequestSpec, SamplingParams,
 SideJob, ServerTarget), what came back (RequestRecord, TokenLogprob) and what the servers showed
-while it ran (PrefixCacheDelta, LevelFault); requests.jsonl holds the records, one per line.
+while it ran (ServerDelta, LevelFault); requests.jsonl holds the records, one per line.
 
 A failed request is a record with `error` set ("<kind>: <detail>", the kinds in ErrorKind),
 never a missing one.
@@ -55,6 +55,11 @@ def is_transport_error(kind: str) -> bool:
 def server_label(side: str, replica: int) -> str:
     """A server's name in logs, files and progress: the side, and its replica pair from 1 on."""
     return side if replica == 0 else f"{side}-{replica}"
+
+
+def side_of(label: str) -> str:
+    """The side a server label names (server_label's inverse, without the replica)."""
+    return label.split("-", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -210,9 +215,12 @@ def read_records(path: Path) -> list[RequestRecord]:
 
 
 @dataclass(frozen=True)
-class PrefixCacheDelta:
-    """Prefix-cache queries and hits one server counted during one level, and the GDN prefill
-    calls it made (None without the rig plugin's evidence on /metrics)."""
+class ServerDelta:
+    """What one server's /metrics counted during one block (its share of one level and
+    repeat): prefix-cache queries and hits, and, where the server publishes them, the rig
+    plugin's GDN prefill calls, their time and the JIT compilations it saw, and vLLM's own
+    per-request prefill, decode and queue time (histogram sums and counts). None: not
+    published."""
 
     server: str  # server_label: the side, and its replica pair from 1 on
     level: int
@@ -220,6 +228,22 @@ class PrefixCacheDelta:
     queries: float
     hits: float
     gdn_prefill_calls: int | None = None
+    gdn_timed_calls: int | None = None
+    gdn_seconds: float | None = None
+    jit_compiles: int | None = None
+    prefill_seconds: float | None = None
+    prefill_requests: float | None = None
+    decode_seconds: float | None = None
+    decode_requests: float | None = None
+    queue_seconds: float | None = None
+    queue_requests: float | None = None
+    started_at: float | None = None  # wall clock (time.time()) of the block's start and end
+    ended_at: float | None = None
+
+    @property
+    def compiled(self) -> bool:
+        """A JIT compilation happened in the server while this block ran."""
+        return bool(self.jit_compiles)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rig.records import CompletionKey, LevelFault, PrefixCacheDelta, RequestRecord, TokenLogprob
+from rig.records import CompletionKey, LevelFault, ServerDelta, RequestRecord, TokenLogprob
 from rig.scenario.config import GatesConfig
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
@@ -186,8 +186,8 @@ def synthetic_outcome(
         records=records,
         pairs=pairs,
         drift=drift,
-        prefix_cache=[
-            PrefixCacheDelta(side, level, repeat, 240.0, 0.0)
+        server_deltas=[
+            ServerDelta(side, level, repeat, 240.0, 0.0)
             for side in ("reference", "candidate")
             for level in (1, 4)
             for repeat in (0, 1)

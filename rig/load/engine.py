@@ -183,12 +183,12 @@ def run_level(
     "cancelled" error and still reach `on_record`), stops the workers and re-raises
     KeyboardInterrupt.
     """
-    _check_jobs(jobs, concurrency)
+    check_jobs(jobs, concurrency)
     measured_counts = {len([s for s in job.specs if not s.warmup]) for job in jobs}
     offsets = arrival_offsets(max(measured_counts, default=0), request_rate, burstiness, seed)
     total = sum(len(job.specs) for job in jobs)
     records: dict[str, dict[str, RequestRecord]] = {job.target.label: {} for job in jobs}
-    bar = _progress_bar(total, concurrency, progress)
+    bar = progress_bar(total, concurrency, progress)
 
     def collect(record: RequestRecord) -> None:
         records[server_label(record.side, record.replica)][record.request_id] = record
@@ -222,7 +222,7 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _check_jobs(jobs: list[SideJob], concurrency: int) -> None:
+def check_jobs(jobs: list[SideJob], concurrency: int) -> None:
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     labels = [job.target.label for job in jobs]
@@ -239,7 +239,7 @@ def _check_jobs(jobs: list[SideJob], concurrency: int) -> None:
                 raise ValueError(f"{job.target.side}: {attribute} {duplicate!r} is not unique")
 
 
-def _progress_bar(total: int, concurrency: int, enabled: bool):
+def progress_bar(total: int, concurrency: int, enabled: bool):
     if not enabled:
         return None
     from tqdm import tqdm
@@ -265,10 +265,10 @@ def _run_inline(jobs, concurrency, timeout_s, offsets, level_timeout_s, collect)
             )
         )
 
-    _event_loop_runner()(main())
+    event_loop_runner()(main())
 
 
-def _event_loop_runner() -> Callable:
+def event_loop_runner() -> Callable:
     """uvloop where installed (vLLM depends on it): it roughly halves the client's per-event
     cost and so its timing error under load."""
     try:
@@ -366,7 +366,7 @@ def _side_worker(job, concurrency, timeout_s, offsets, level_timeout_s, messages
             await drive
 
     try:
-        _event_loop_runner()(main())
+        event_loop_runner()(main())
     except Exception:
         messages.put(("failed", side, traceback.format_exc()))
     else:

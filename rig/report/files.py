@@ -26,6 +26,7 @@ from rig.verdict.drift import DriftResult
 from rig.verdict.metrics import bench_results, request_frame, summary_frame
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import candidate_rows, perf_frame
+from rig.verdict.speed import speed_headline
 
 REPORT_FILES = (
     "requests.csv",
@@ -183,6 +184,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
         },
         kernels={side: asdict(k) for side, k in outcome.kernels.items()},
         timings=outcome.timings,
+        speed=speed_headline(deltas, outcome.speed),
         error=outcome.error,
         exit_code=int(outcome.verdict.exit_code(outcome.error)),
     )

@@ -51,7 +51,13 @@ def navigation(outcome) -> str:
 def headline_texts(outcome) -> list[str]:
     """The speed line, the kind of comparison, the reference's source: under the word."""
     deltas = outcome.perf if outcome.perf is not None else pd.DataFrame()
-    texts = [speed_headline(deltas, outcome.speed), outcome.comparison, outcome.reference_source]
+    timing = f"timing: {outcome.load_schedule}" if outcome.load_schedule else ""
+    texts = [
+        speed_headline(deltas, outcome.speed),
+        timing,
+        outcome.comparison,
+        outcome.reference_source,
+    ]
     return [text for text in texts if text]
 
 
@@ -147,7 +153,7 @@ def evidence_section(outcome) -> str:
             f"<details><summary>kernel file hashes ({len(hashes)})</summary>"
             f"{table(['file', 'sha256'], rows, 'compact')}</details>"
         )
-    cache = outcome.prefix_cache
+    cache = outcome.server_deltas
     hits = sum(p.hits for p in cache)
     parts.append(
         f"<h2>Prefix cache</h2><p>{check(hits == 0)} prefix-cache hits: {hits:g} in "

@@ -33,6 +33,10 @@ DELTA_COLUMNS = (
     ("request_throughput", "requests/s"),
     ("output_throughput", "output tok/s"),
     ("total_token_throughput", "total tok/s"),
+    ("gdn_ms_per_call", "server: GDN ms/call"),
+    ("server_prefill_ms", "server: prefill"),
+    ("server_decode_ms", "server: decode"),
+    ("server_queue_ms", "server: queue"),
 )
 
 
@@ -76,7 +80,12 @@ def _interval(row: pd.Series, metric: str) -> str:
 def _delta_row(row: pd.Series) -> str:
     level = int(row["level"])
     cells = cell(level, level, "num") + cell(row.get("comparison", ""), cls="nowrap")
-    cells += cell(int(row.get("repeats", 1)), None, "num")
+    blocks = int(row.get("repeats", 1))
+    unit = f"<small>unit: {esc(row['unit'])}</small>" if not missing(row.get("unit")) else ""
+    left_out = row.get("excluded_blocks")
+    if not missing(left_out) and left_out:
+        unit += f"<small>{int(left_out)} left out (JIT)</small>"
+    cells += cell(f"{blocks}{unit}", blocks, "num", raw=True)
     for metric, _ in DELTA_COLUMNS:
         value = row.get(f"{metric}_change_pct")
         word = str(row.get(f"{metric}_word", ""))
@@ -92,7 +101,7 @@ def _delta_row(row: pd.Series) -> str:
 def delta_table(deltas: pd.DataFrame) -> str:
     """Candidate vs reference per level, each change with its 95% interval and its word."""
     rows = [_delta_row(row) for _, row in deltas.iterrows()]
-    return table(["level", "compared", "repeats"] + [name for _, name in DELTA_COLUMNS], rows)
+    return table(["level", "compared", "blocks"] + [name for _, name in DELTA_COLUMNS], rows)
 
 
 def _interval_note(outcome, deltas: pd.DataFrame) -> str:

@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 
-from rig.records import LevelFault
+from rig.records import LevelFault, ServerDelta
 from rig.report.format import DASH, check, missing, number
 from rig.report.html import headline_texts
 from rig.report.mismatches import mismatch_order
@@ -17,6 +17,12 @@ from rig.verdict.gates import Verdict
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import AA, candidate_rows
 
+SERVER_NAMES = {
+    "gdn_ms_per_call": "GDN prefill per call",
+    "server_prefill_ms": "prefill per request",
+    "server_decode_ms": "decode per request",
+    "server_queue_ms": "queue per request",
+}
 SUMMARY_MD_LIMIT = 65_536  # GitHub's limit on a comment's body, in characters
 LINE_LIMIT = 1_000  # one gate detail or error line at most
 MISMATCHES_LISTED = 10
@@ -146,7 +152,8 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
         f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
     )
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
-    head += _jit_lines(outcome.faults)
+    head += _jit_lines(outcome.faults, outcome.server_deltas)
+    head += _server_lines(outcome.perf)
     head += _aa_floor_lines(outcome.perf)
     head += _planted_lines(outcome.perf)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
@@ -213,14 +220,38 @@ def _planted_lines(perf: pd.DataFrame | None) -> list[str]:
     return [*lines, ""]
 
 
-def _jit_lines(faults: list[LevelFault]) -> list[str]:
-    """Levels whose server log shows JIT compilation during timed requests: their latencies
-    include compile time (a longer warm-up covers that shape)."""
-    levels = sorted({(f.level, f.repeat, f.server) for f in faults if f.kind == JIT_COMPILE})
-    if not levels:
+def _jit_lines(faults: list[LevelFault], deltas: list[ServerDelta]) -> list[str]:
+    """Blocks in which a server compiled a kernel (its counters or vLLM's log): their time
+    holds the compilation, so they are left out of every speed interval (another block ran)."""
+    blocks = {(f.level, f.repeat, f.server) for f in faults if f.kind == JIT_COMPILE}
+    blocks |= {(d.level, d.repeat, d.server) for d in deltas if d.compiled}
+    if not blocks:
         return []
-    where = ", ".join(f"C={level} repeat {repeat} ({side})" for level, repeat, side in levels)
-    return [_clip(f"**JIT compilation during timed requests:** {where}; see report.html."), ""]
+    where = ", ".join(f"C={lvl} repeat {rep} ({side})" for lvl, rep, side in sorted(blocks))
+    return [
+        _clip(
+            f"**JIT compilation during timed blocks:** {where}: left out of the speed "
+            "intervals; see report.html."
+        ),
+        "",
+    ]
+
+
+def _server_lines(perf: pd.DataFrame | None) -> list[str]:
+    """The servers' own timings per level: each side's mean per block, and the change."""
+    if perf is None or perf.empty:
+        return []
+    lines = []
+    for _, row in candidate_rows(perf).iterrows():
+        parts = [
+            f"{name} {_fmt(row.get(f'{metric}_reference'), 2)} → "
+            f"{_fmt(row.get(f'{metric}_candidate'), 2)} ms ({delta_md(row, metric)})"
+            for metric, name in SERVER_NAMES.items()
+            if not missing(row.get(f"{metric}_reference"))
+        ]
+        if parts:
+            lines.append(_clip(f"Server side at C={int(row['level'])}: " + "; ".join(parts)))
+    return [*lines, ""] if lines else []
 
 
 def _inline(text: str) -> str:

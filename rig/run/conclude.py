@@ -8,9 +8,10 @@ from dataclasses import replace
 from kernels.backends import reference_kernel_name
 from kernels.proof import KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
-from rig.records import PrefixCacheDelta
+from rig.records import ServerDelta
 from rig.report.manifest import build_manifest
 from rig.run.cache import GoldenEntry
+from rig.run.load_phase import timing_design
 from rig.run.replay import AA_SIDE, aa_concurrency
 from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
@@ -21,8 +22,9 @@ from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
 from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, VerdictWord, decide
 from rig.verdict.outcome import RunOutcome
-from rig.verdict.perf import PlantedDelay, perf_frame
-from rig.verdict.speed import apply_design, speed_design
+from rig.verdict.perf import perf_frame
+from rig.verdict.planted import PlantedDelay
+from rig.verdict.speed import SpeedDesign, apply_design, speed_design
 
 SERVING_KEYS = (
     "kernel",
@@ -105,13 +107,13 @@ def gdn_backends(proofs: dict[str, KernelProof]) -> dict[str, dict]:
 
 
 def planted_delay(
-    kernel: str | None, plan: LaunchPlan, prefix_cache: list[PrefixCacheDelta]
+    kernel: str | None, plan: LaunchPlan, deltas: list[ServerDelta]
 ) -> PlantedDelay | None:
     """The candidate's planted delay (`ref+delay-<N>ms`) and its servers' GDN prefill calls
     per level; None for any other candidate or when a server published no count."""
     delay_ms = planted_delay_ms(kernel)
     calls: dict[tuple[int, int], int] = {}
-    for delta in prefix_cache:
+    for delta in deltas:
         server = plan.servers.get(delta.server)
         if server is None or server.side != "candidate":
             continue
@@ -172,11 +174,6 @@ def build_outcome(
 ) -> RunOutcome:
     """Compare the finished pairs, decide the verdict, gather what the report shows."""
     scenario = ctx.scenario
-    speed = speed_design(
-        scenario.workload.repeats,
-        golden.source_run if golden is not None else None,
-        golden.stored_at if golden is not None else None,
-    )
     finished_records = [r for r in state.records if finished(r)]
     reference = [r for r in finished_records if r.side == "reference"]
     candidate = [r for r in finished_records if r.side == "candidate"]
@@ -205,16 +202,17 @@ def build_outcome(
             replayed,
         )
         aa_drift = side_drift(state, AA_SIDE)
-    hits = sum(p.hits for p in state.prefix_cache)
-    perf = apply_design(
-        perf_frame(
-            state.records,
-            state.aa_records,
-            aa_concurrency(scenario),
-            planted_delay(scenario.candidate.kernel, ctx.plan, state.prefix_cache),
-            confidence=speed.interval_confidence(len(scenario.workload.concurrency)),
-        ),
-        speed,
+    hits = sum(p.hits for p in state.server_deltas)
+    workload = scenario.workload
+    timing = timing_design(ctx, state.server_deltas, state.faults)
+    raw_perf = perf_frame(
+        state.records,
+        state.aa_records,
+        aa_concurrency(scenario),
+        planted_delay(scenario.candidate.kernel, ctx.plan, state.server_deltas),
+        confidence=SpeedDesign(True).interval_confidence(len(workload.concurrency)),
+        timing=timing,
+        deltas=state.server_deltas,
     )
     verdict = decide(
         scenario.gates,
@@ -225,7 +223,7 @@ def build_outcome(
         candidate_should_run(scenario),
         is_aa_run(scenario),
         log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
-        deltas=perf,
+        deltas=raw_perf,
         aa_pairs=aa_pairs,
         aa_drift=aa_drift,
         reference_backend=(
@@ -236,6 +234,17 @@ def build_outcome(
             g for g in (installs_gate(scenario, ctx.plan, state.served_versions),) if g
         ),
     )
+    speed = speed_design(
+        workload.repeats,
+        golden.source_run if golden is not None else None,
+        golden.stored_at if golden is not None else None,
+        interrupted=error.splitlines()[0] if error else None,
+        not_equivalent=verdict.word is VerdictWord.NOT_EQUIVALENT,
+        aa_run=is_aa_run(scenario),
+        resolution_pct=workload.speed_resolution_pct if timing.stage_one_blocks else None,
+        budget_s=workload.speed_budget_s,
+    )
+    perf = apply_design(raw_perf, speed)
     if error is not None:
         verdict = failed_verdict(verdict, error)
     return RunOutcome(
@@ -248,11 +257,13 @@ def build_outcome(
             "gdn_backends": gdn_backends(state.proofs),
             "served_vllm": state.served_versions,
             "schedule": state.schedule,
+            "load_schedule": ctx.plan.load_schedule(workload).describe(),
+            "excluded_blocks": sorted([list(block) for block in timing.excluded]),
         },
         records=state.records,
         pairs=pairs,
         drift=drift,
-        prefix_cache=state.prefix_cache,
+        server_deltas=state.server_deltas,
         faults=state.faults,
         kernels=kernels,
         verdict=verdict,
@@ -265,6 +276,7 @@ def build_outcome(
         replayed={side: replayed[side] for side in SIDES if side in replayed},
         speed=speed,
         comparison="A/A run: the reference against itself" if is_aa_run(scenario) else "",
+        load_schedule=ctx.plan.load_schedule(workload).describe(),
         reference_source=(
             f"Reference from the golden cache: run {golden.source_run}, stored "
             f"{golden.stored_at or 'at an unknown time'}, key {golden_key}"

@@ -1,20 +1,30 @@
-"""The load phase: every server warmed up, then each (level, repeat) sharded over the replica
-pairs, with each level's server-log faults and prefix-cache deltas read around it."""
+"""The load phase: each level warmed up at its own concurrency until no server compiles, then its
+timed blocks in the order the schedule gives (rig.serve.placement.LoadSchedule), each server's
+log faults and /metrics counters read around its block. A block in which a server compiled a
+kernel is run again under a new repeat number (it stays on record for the comparison of texts,
+never in a speed interval). With `workload.speed_resolution_pct`, blocks are added to a level
+until its headline intervals are that narrow, or the time budget ends."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from rig.load.engine import run_level
-from rig.load.prefix_cache import PrefixCacheCounters, read_prefix_cache_counters
-from rig.records import LevelFault, PrefixCacheDelta, RequestRecord, ServerTarget, SideJob
+from rig.load.pairs import run_pairs
+from rig.load.server_metrics import ServerCounters, read_server_counters
+from rig.records import LevelFault, RequestRecord, ServerDelta, ServerTarget, SideJob
 from rig.run.state import RunContext, RunJournal
-from rig.scenario.workload import level_requests, warmup_prompts
-from rig.serve.logs import scan_log
-from rig.serve.placement import shard
+from rig.scenario.workload import level_requests
+from rig.serve.logs import JIT_COMPILE, scan_log
+from rig.serve.placement import LoadSchedule, shard
 from rig.serve.servers import Server, ServerError
+from rig.verdict.intervals import TimingDesign
+from rig.verdict.speed import SpeedDesign, level_resolution
 
 FAILED_IDS_SHOWN = 20
+WARMUP_PASSES = 3  # a level's warm-up runs again while a server compiles, at most this often
+RERUNS_PER_LEVEL = 3  # blocks run again for a compilation, at most this many per level
 
 
 def server_targets(servers: dict[str, Server]) -> dict[str, ServerTarget]:
@@ -22,59 +32,68 @@ def server_targets(servers: dict[str, Server]) -> dict[str, ServerTarget]:
     return {label: server.target() for label, server in servers.items()}
 
 
-def read_counters(targets: dict[str, ServerTarget]) -> dict[str, PrefixCacheCounters]:
-    """Every server's prefix-cache (and GDN prefill) counters, read at once."""
+def read_counters(targets: dict[str, ServerTarget]) -> dict[str, ServerCounters]:
+    """Every server's /metrics counters, read at once."""
 
     async def read_all():
         answers = await asyncio.gather(
-            *(read_prefix_cache_counters(t.base_url, t.api_key) for t in targets.values())
+            *(read_server_counters(t.base_url, t.api_key) for t in targets.values())
         )
         return dict(zip(targets, answers, strict=True))
 
     return asyncio.run(read_all())
 
 
-def warm_up(ctx: RunContext, targets: dict[str, ServerTarget]) -> None:
-    """Untimed requests on every server before the first level; their records are not kept."""
+def timing_design(ctx: RunContext, state_deltas, state_faults) -> TimingDesign:
+    """How this run measured speed: its schedule's pair levels, the blocks left out because a
+    server compiled in them (its counters or vLLM's log said so), and the stage-one blocks of a
+    sequential design."""
     workload = ctx.scenario.workload
-    warmup = warmup_prompts(workload, ctx.prompts)
-    if not warmup:
+    schedule = ctx.plan.load_schedule(workload)
+    compiled = {(d.level, d.repeat) for d in state_deltas if d.compiled}
+    compiled |= {(f.level, f.repeat) for f in state_faults if f.kind == JIT_COMPILE}
+    sequential = workload.speed_resolution_pct is not None and schedule.kind != "apart"
+    return TimingDesign(
+        pair_levels=frozenset(schedule.pair_levels),
+        excluded=frozenset(compiled),
+        stage_one_blocks=workload.repeats if sequential else None,
+    )
+
+
+def warm_up_level(ctx: RunContext, targets: dict[str, ServerTarget], level: int) -> None:
+    """Untimed requests at the level's concurrency on every server (all at once: nothing is
+    timed), again while a server's counters show a JIT compilation; records are not kept."""
+    workload = ctx.scenario.workload
+    whole = workload.requests_per_level or len(ctx.prompts)
+    if workload.warmup_requests == 0:
         return
-    jobs = [
-        SideJob(
-            target,
-            level_requests(
-                workload,
-                warmup,
-                level=0,
-                repeat=0,
-                side=target.side,
-                run_id=ctx.run_id,
-                tag=f"warmup{target.replica or ''}-",
-                count=len(warmup),
-            ),
-        )
-        for target in targets.values()
-    ]
-    print(f"rig: warm-up, {len(warmup)} untimed requests per server", flush=True)
-    run_level(jobs, min(workload.concurrency), timeout_s=workload.timeout_s)
+    count = max(workload.warmup_requests or whole, level)
+    for number in range(WARMUP_PASSES):
+        before = read_counters(targets)
+        tag = f"warmup-p{number}-"
+        jobs = level_jobs(ctx, targets, level, repeat=0, tag=tag, count=count)
+        print(f"rig: warm-up C={level}, pass {number + 1}: {count} untimed requests per side")
+        run_level(jobs, level, timeout_s=workload.timeout_s, progress=False)
+        after = read_counters(targets)
+        compiled = [label for label in targets if _compiles(before[label], after[label])]
+        if not compiled:
+            return
+        print(f"rig: warm-up C={level}: {', '.join(compiled)} compiled kernels", flush=True)
 
 
-def run_load(
-    ctx: RunContext,
-    journal: RunJournal,
-    servers: dict[str, Server],
-    levels: list[tuple[int, int]],
-) -> None:
-    """Warm every server up, then run the (level, repeat) pairs in order."""
-    targets = server_targets(servers)
-    warm_up(ctx, targets)
-    for level, repeat in levels:
-        run_one_level(ctx, journal, servers, targets, level, repeat)
+def _compiles(before: ServerCounters, after: ServerCounters) -> int:
+    if before.jit_compiles is None or after.jit_compiles is None:
+        return 0
+    return after.jit_compiles - before.jit_compiles
 
 
 def level_jobs(
-    ctx: RunContext, targets: dict[str, ServerTarget], level: int, repeat: int
+    ctx: RunContext,
+    targets: dict[str, ServerTarget],
+    level: int,
+    repeat: int,
+    tag: str = "",
+    count: int | None = None,
 ) -> list[SideJob]:
     """Each server's share of a level: a side's ordered requests and its C are sharded over
     its replicas, request i on pair i % R, so both halves of a request pair meet on the
@@ -88,6 +107,8 @@ def level_jobs(
             repeat=repeat,
             side=target.side,
             run_id=ctx.run_id,
+            tag=tag,
+            count=count,
         )
         replicas = len(ctx.plan.side_servers(target.side))
         shards = shard(len(specs), replicas, level)
@@ -109,59 +130,85 @@ def failed_requests(records: list[RequestRecord], side: str, replica: int) -> st
     return shown + (f" (+{more})" if more > 0 else "")
 
 
-def prefix_cache_delta(
+def _difference(before: float | None, after: float | None):
+    return after - before if before is not None and after is not None else None
+
+
+def server_delta(
     label: str,
     level: int,
     repeat: int,
-    before: PrefixCacheCounters,
-    after: PrefixCacheCounters,
-) -> PrefixCacheDelta:
-    """What one server counted during one level."""
-    calls = (
-        after.gdn_prefill_calls - before.gdn_prefill_calls
-        if after.gdn_prefill_calls is not None and before.gdn_prefill_calls is not None
-        else None
-    )
-    return PrefixCacheDelta(
+    before: ServerCounters,
+    after: ServerCounters,
+    started_at: float | None = None,
+    ended_at: float | None = None,
+) -> ServerDelta:
+    """What one server counted during one block."""
+    phases = {}
+    for name in ("prefill", "decode", "queue"):
+        first, last = getattr(before, name), getattr(after, name)
+        phases[f"{name}_seconds"] = _difference(first and first.seconds, last and last.seconds)
+        phases[f"{name}_requests"] = _difference(first and first.requests, last and last.requests)
+    return ServerDelta(
         label,
         level,
         repeat,
         queries=after.queries - before.queries,
         hits=after.hits - before.hits,
-        gdn_prefill_calls=calls,
+        gdn_prefill_calls=_difference(before.gdn_prefill_calls, after.gdn_prefill_calls),
+        gdn_timed_calls=_difference(before.gdn_timed_calls, after.gdn_timed_calls),
+        gdn_seconds=_difference(before.gdn_seconds, after.gdn_seconds),
+        jit_compiles=_difference(before.jit_compiles, after.jit_compiles),
+        **phases,
+        started_at=started_at,
+        ended_at=ended_at,
     )
 
 
-def run_one_level(
+def run_block(
     ctx: RunContext,
     journal: RunJournal,
     servers: dict[str, Server],
-    targets: dict[str, ServerTarget],
     level: int,
     repeat: int,
+    pairs: bool = False,
 ) -> None:
-    """One (level, repeat) on every server; a server that died in it stops the run."""
+    """One block: `servers`' share of one (level, repeat), at once (or, with `pairs`, request
+    pairs back to back); a server that died in it stops the run."""
     workload = ctx.scenario.workload
-    state = journal.state
+    targets = server_targets(servers)
     before = read_counters(targets)
     offsets = {label: server.log_size() for label, server in servers.items()}
-    results = run_level(
-        level_jobs(ctx, targets, level, repeat),
-        level,
-        timeout_s=workload.timeout_s,
-        request_rate=workload.request_rate,
-        burstiness=workload.burstiness,
-        on_record=journal.keep_record,
-        level_timeout_s=workload.level_timeout_s,
-        seed=workload.seed,
-    )
+    started = time.time()
+    jobs = level_jobs(ctx, targets, level, repeat)
+    if pairs:
+        ordered = sorted(jobs, key=lambda job: job.target.side != "reference")
+        results = run_pairs(
+            (ordered[0], ordered[1]),
+            timeout_s=workload.timeout_s,
+            on_record=journal.keep_record,
+            level_timeout_s=workload.level_timeout_s,
+            flip=repeat % 2 == 1,
+        )
+    else:
+        results = run_level(
+            jobs,
+            level,
+            timeout_s=workload.timeout_s,
+            request_rate=workload.request_rate,
+            burstiness=workload.burstiness,
+            on_record=journal.keep_record,
+            level_timeout_s=workload.level_timeout_s,
+            seed=workload.seed,
+        )
+    ended = time.time()
     level_records = [record for side_records in results.values() for record in side_records]
     for label, server in servers.items():
         affected = failed_requests(level_records, server.plan.side, server.plan.replica)
         for fault in scan_log(label, server.log_text(offsets[label])):
             journal.record_fault(LevelFault(label, level, fault.kind, fault.line, affected, repeat))
-        state.peak_rss_mb[label] = max(
-            state.peak_rss_mb.get(label, 0.0), server.rss_bytes() / 2**20
+        journal.state.peak_rss_mb[label] = max(
+            journal.state.peak_rss_mb.get(label, 0.0), server.rss_bytes() / 2**20
         )
         if server.exited() is not None:
             died = f"exit code {server.exited()}"
@@ -172,6 +219,107 @@ def run_one_level(
             )
     after = read_counters(targets)
     for label in servers:
-        journal.record_prefix_cache(
-            prefix_cache_delta(label, level, repeat, before[label], after[label])
+        journal.record_server_delta(
+            server_delta(label, level, repeat, before[label], after[label], started, ended)
         )
+
+
+def block_order(repeat: int) -> tuple[str, str]:
+    """ABBA over block pairs: reference first in even repeats, candidate first in odd ones, so
+    that a machine drifting over time slows both sides alike."""
+    return ("reference", "candidate") if repeat % 2 == 0 else ("candidate", "reference")
+
+
+def run_one_level(
+    ctx: RunContext,
+    journal: RunJournal,
+    servers: dict[str, Server],
+    schedule: LoadSchedule,
+    level: int,
+    repeat: int,
+) -> None:
+    """One (level, repeat) on every server, as the schedule times it."""
+    sides = {server.plan.side for server in servers.values()}
+    if schedule.kind != "alternate" or len(sides) < 2:
+        run_block(ctx, journal, servers, level, repeat)
+    elif level in schedule.pair_levels:
+        run_block(ctx, journal, servers, level, repeat, pairs=True)
+    else:
+        for side in block_order(repeat):
+            own = {label: s for label, s in servers.items() if s.plan.side == side}
+            run_block(ctx, journal, own, level, repeat)
+
+
+def _compiled(journal: RunJournal, level: int, repeat: int) -> bool:
+    state = journal.state
+    return any(
+        (d.level, d.repeat) == (level, repeat) and d.compiled for d in state.server_deltas
+    ) or any((f.level, f.repeat) == (level, repeat) and f.kind == JIT_COMPILE for f in state.faults)
+
+
+def _next_repeat(journal: RunJournal, level: int, planned: list[int]) -> int:
+    done = [r.repeat for r in journal.state.records if r.level == level]
+    return max([*done, *planned, -1]) + 1
+
+
+def run_load(
+    ctx: RunContext,
+    journal: RunJournal,
+    servers: dict[str, Server],
+    levels: list[tuple[int, int]],
+) -> None:
+    """Each level warmed up, then its planned repeats, a block that compiled run again, and with
+    a resolution asked for, more blocks until the level is resolved or the budget ends."""
+    workload = ctx.scenario.workload
+    schedule = ctx.plan.load_schedule(workload)
+    targets = server_targets(servers)
+    deadline = time.monotonic() + workload.speed_budget_s
+    both = {server.plan.side for server in servers.values()} >= {"reference", "candidate"}
+    adaptive = both and schedule.kind != "apart"
+    for level in dict.fromkeys(level for level, _ in levels):
+        planned = [repeat for lvl, repeat in levels if lvl == level]
+        warm_up_level(ctx, targets, level)
+        queue, reruns = list(planned), 0
+        while queue:
+            repeat = queue.pop(0)
+            run_one_level(ctx, journal, servers, schedule, level, repeat)
+            if adaptive and _compiled(journal, level, repeat) and reruns < RERUNS_PER_LEVEL:
+                reruns += 1
+                again = _next_repeat(journal, level, queue)
+                print(f"rig: C={level} block {repeat} compiled kernels: running block {again}")
+                queue.append(again)
+            if not queue and adaptive and workload.speed_resolution_pct is not None:
+                more = _more_blocks(ctx, journal, level, deadline)
+                if more:
+                    queue.append(_next_repeat(journal, level, queue))
+
+
+def _more_blocks(ctx: RunContext, journal: RunJournal, level: int, deadline: float) -> bool:
+    """Whether the level needs another block pair for its resolution, with budget left."""
+    workload = ctx.scenario.workload
+    state = journal.state
+    timing = timing_design(ctx, state.server_deltas, state.faults)
+    done = [r for r in state.records if r.level == level]
+    confidence = SpeedDesign(True).interval_confidence(len(workload.concurrency))
+    status = level_resolution(
+        [r for r in done if r.side == "reference"],
+        [r for r in done if r.side == "candidate"],
+        level,
+        timing,
+        confidence,
+        workload.speed_resolution_pct,
+    )
+    needed = "?" if status.blocks_needed is None else status.blocks_needed
+    target = f"±{workload.speed_resolution_pct:g} %"
+    if status.resolved:
+        print(f"rig: C={level}: resolved to {target} in {status.blocks} block pairs", flush=True)
+        return False
+    if time.monotonic() >= deadline:
+        print(
+            f"rig: C={level}: the {workload.speed_budget_s:g} s budget ended after "
+            f"{status.blocks} block pairs ({target} needs {needed})",
+            flush=True,
+        )
+        return False
+    print(f"rig: C={level}: {status.blocks} block pairs, {target} needs {needed}", flush=True)
+    return True

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kernels.proof import KernelProof
-from rig.records import REQUESTS_FILE, LevelFault, PrefixCacheDelta, RequestRecord, read_records
+from rig.records import REQUESTS_FILE, LevelFault, RequestRecord, ServerDelta, read_records
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.prompts import Prompt
 from rig.serve.plan import LaunchPlan
 from rig.verdict.drift import ForcedLogprobs, ForcedSequence
 
-PREFIX_CACHE_FILE = "prefix_cache.jsonl"
+SERVER_COUNTERS_FILE = "server_counters.jsonl"
 FAULTS_FILE = "faults.jsonl"
 
 
@@ -38,7 +38,7 @@ class RunState:
 
     records: list[RequestRecord] = field(default_factory=list)
     aa_records: list[RequestRecord] = field(default_factory=list)
-    prefix_cache: list[PrefixCacheDelta] = field(default_factory=list)
+    server_deltas: list[ServerDelta] = field(default_factory=list)
     faults: list[LevelFault] = field(default_factory=list)
     sequences: list[ForcedSequence] = field(default_factory=list)
     forced: dict[str, dict[int, ForcedLogprobs]] = field(default_factory=dict)  # by sequence
@@ -110,9 +110,9 @@ class RunJournal:
         self.state.faults.append(fault)
         append_jsonl(self.run_dir / FAULTS_FILE, fault)
 
-    def record_prefix_cache(self, delta: PrefixCacheDelta) -> None:
-        self.state.prefix_cache.append(delta)
-        append_jsonl(self.run_dir / PREFIX_CACHE_FILE, delta)
+    def record_server_delta(self, delta: ServerDelta) -> None:
+        self.state.server_deltas.append(delta)
+        append_jsonl(self.run_dir / SERVER_COUNTERS_FILE, delta)
 
 
 def finished(record: RequestRecord) -> bool:
@@ -154,9 +154,9 @@ def resume_from_disk(run_dir: Path, expected: int) -> Resumed:
     with open(records_path, "w", encoding="utf-8", errors="backslashreplace") as handle:
         handle.writelines(record.to_json() + "\n" for record in kept)
     state.records = kept
-    deltas = read_jsonl(run_dir / PREFIX_CACHE_FILE, PrefixCacheDelta)
-    state.prefix_cache = [d for d in deltas if (d.level, d.repeat) in done_levels]
-    for name, rows in ((PREFIX_CACHE_FILE, deltas), (FAULTS_FILE, faults)):
+    deltas = read_jsonl(run_dir / SERVER_COUNTERS_FILE, ServerDelta)
+    state.server_deltas = [d for d in deltas if (d.level, d.repeat) in done_levels]
+    for name, rows in ((SERVER_COUNTERS_FILE, deltas), (FAULTS_FILE, faults)):
         kept_rows = [r for r in rows if (r.level, r.repeat) in done_levels]
         (run_dir / name).write_text("".join(json.dumps(asdict(r)) + "\n" for r in kept_rows))
     print(

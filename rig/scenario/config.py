@@ -25,6 +25,7 @@ from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"  # the default; the embedded models are rig.models.embedded.EMBEDDED_MODELS
 SIDES = ("reference", "candidate")
+MIN_STAGE_ONE_BLOCKS = 4  # with workload.speed_resolution_pct
 GdnBackend = Literal["triton", "flashinfer", "cutedsl"]
 
 
@@ -215,8 +216,24 @@ class WorkloadConfig(StrictModel):
     warmup_requests: int | None = Field(
         None,
         ge=0,
-        description="untimed requests per server before the first level; default: the "
-        "workload's shortest and longest prompt; 0: no warm-up",
+        description="untimed requests per server and pass before each level's timed blocks, "
+        "at least the level's concurrency; default: the level's whole request list; passes "
+        "repeat while a server compiles; 0: no warm-up",
+    )
+    schedule: Literal["auto", "together", "alternate"] = Field(
+        "auto",
+        description="when the sides' timed requests run: together (at once), alternate (one "
+        "side at a time, blocks ABBA, at C=1 request pairs back to back); auto: alternate "
+        "where the sides share GPUs",
+    )
+    speed_resolution_pct: float | None = Field(
+        None,
+        gt=0,
+        description="add blocks to a level until every headline speed interval is within "
+        "± this many percent (repeats: the first blocks, which fix the spread)",
+    )
+    speed_budget_s: float = Field(
+        600.0, gt=0, description="time the timed load may take while it adds blocks"
     )
     request_rate: float | None = Field(None, gt=0)
     burstiness: float = Field(1.0, gt=0)
@@ -234,6 +251,17 @@ class WorkloadConfig(StrictModel):
     )
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _stage_one_blocks(self) -> WorkloadConfig:
+        """Stein's first stage needs a few blocks: its interval's quantile has repeats - 1
+        degrees of freedom (t at 99.4% is 12.6 with 2 of them, 5.3 with 4, 4.1 with 6)."""
+        if self.speed_resolution_pct is not None and self.repeats < MIN_STAGE_ONE_BLOCKS:
+            raise ValueError(
+                f"speed_resolution_pct needs repeats >= {MIN_STAGE_ONE_BLOCKS} (the first "
+                "blocks fix each interval's spread; 6 is a good start)"
+            )
+        return self
 
 
 class DriftConfig(StrictModel):

@@ -24,6 +24,47 @@ from rig.records import server_label
 SHARED_GPU_MEMORY_BUDGET = 0.88  # split between the servers sharing a GPU; room for contexts
 
 
+@dataclass(frozen=True)
+class LoadSchedule:
+    """When each side's timed requests run. `together`: both sides at once (each on its own
+    hardware, or one side only); `alternate`: one side at a time, blocks ordered ABBA so that
+    drift cancels, and at `pair_levels` (C=1, unpaced) request by request, each pair back to
+    back; `apart`: the sides' servers start one after the other (not up at once)."""
+
+    kind: Literal["together", "alternate", "apart"]
+    pair_levels: tuple[int, ...] = ()
+    reason: str = ""
+
+    def describe(self) -> str:
+        text = {
+            "together": "sides timed together",
+            "alternate": "sides timed in turn (blocks ABBA",
+            "apart": "sides timed apart (servers one after the other)",
+        }[self.kind]
+        if self.kind == "alternate":
+            pairs = ", ".join(f"C={c}" for c in self.pair_levels)
+            text += f"; request pairs back to back at {pairs})" if pairs else ")"
+        return f"{text}: {self.reason}" if self.reason else text
+
+
+def load_schedule(
+    requested: str, mode: str, sides: int, concurrency: list[int], paced: bool
+) -> LoadSchedule:
+    """The schedule a placement allows: sides that share GPUs are never timed at once (each
+    would time the other's work too), sides on their own hardware are; `requested` (auto,
+    together, alternate) can ask for either where both sides' servers are up at once."""
+    if mode == "sequential":
+        return LoadSchedule("apart", reason="the sides do not fit at once")
+    if sides < 2:
+        return LoadSchedule("together", reason="one side runs here")
+    if requested == "together" or (requested == "auto" and mode != "shared"):
+        why = "as asked" if requested == "together" else "each side on its own hardware"
+        return LoadSchedule("together", reason=why)
+    why = "as asked" if requested == "alternate" else "the sides share GPUs"
+    pair_levels = () if paced else tuple(c for c in concurrency if c == 1)
+    return LoadSchedule("alternate", pair_levels, why)
+
+
 class PlacementError(ValueError):
     """No placement fits; the message is one line meant for the user."""
 

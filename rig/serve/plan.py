@@ -21,11 +21,18 @@ from kernels.proof import KERNEL_ENV
 from kernels.proof import STATS_DIR_ENV as STATS_ENV
 from rig.models.embedded import is_embedded
 from rig.records import server_label
-from rig.scenario.config import SIDES, Scenario
+from rig.scenario.config import SIDES, Scenario, WorkloadConfig
 from rig.secrets import API_KEY_ENV, redact_env, reveal
 from rig.serve.hardware import Hardware
 from rig.serve.installs import SideInstall, container_argv, resolve_installs
-from rig.serve.placement import Placement, Slot, place_on_cpus, place_on_gpus
+from rig.serve.placement import (
+    LoadSchedule,
+    Placement,
+    Slot,
+    load_schedule,
+    place_on_cpus,
+    place_on_gpus,
+)
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,18 @@ class LaunchPlan:
     @property
     def replicas(self) -> int:
         return self.placement.replicas
+
+    def load_schedule(self, workload: WorkloadConfig) -> LoadSchedule:
+        """When each side's timed requests run, on these servers (placement.py's rules)."""
+        started = {label for phase in self.phases for label in phase}
+        sides = {plan.side for label, plan in self.servers.items() if label in started}
+        return load_schedule(
+            workload.schedule,
+            self.placement.mode,
+            len(sides),
+            workload.concurrency,
+            paced=workload.request_rate is not None,
+        )
 
     def side_servers(self, side: str) -> list[ServerPlan]:
         """One side's servers, replica 0 first."""

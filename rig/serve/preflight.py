@@ -311,6 +311,14 @@ def render_plan(checked: Preflight, prompt_count: int) -> str:
         f"levels: C={workload.concurrency}, {workload.requests_per_level or prompt_count} "
         f"requests per level per side, {workload.repeats} repeat(s), {total} requests per side"
         + (f", sharded over {plan.replicas} pairs" if plan.replicas > 1 else ""),
+        f"timing: {plan.load_schedule(workload).describe()}"
+        + (
+            f"; blocks added until every headline interval is within "
+            f"±{workload.speed_resolution_pct:g} % or {workload.speed_budget_s:g} s of load "
+            f"(the first {workload.repeats} fix the spread)"
+            if workload.speed_resolution_pct is not None
+            else ""
+        ),
         f"expected duration: at least {expected_duration_s(checked, prompt_count) / 60:.0f} min "
         f"(assumes {STARTUP_S[kind]:.0f} s per server start and "
         f"{SECONDS_PER_TOKEN[kind] * 1000:.0f} ms per token, {workload.max_tokens} tokens)",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rig.records import CompletionKey, LevelFault, PrefixCacheDelta, RequestRecord, TokenLogprob
+from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, Verdict
@@ -26,7 +26,7 @@ class RunOutcome:
     records: list[RequestRecord]
     pairs: list[PairResult]
     drift: list[DriftResult]
-    prefix_cache: list[PrefixCacheDelta]
+    server_deltas: list[ServerDelta]
     faults: list[LevelFault]
     kernels: dict[str, SideKernel]
     verdict: Verdict
@@ -38,6 +38,7 @@ class RunOutcome:
     prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
     speed: SpeedDesign = field(default_factory=lambda: SpeedDesign(True))
     comparison: str = ""  # "A/A: ..." for a reference against itself
+    load_schedule: str = ""  # when each side's timed requests ran (LoadSchedule.describe)
     reference_source: str = ""  # where the reference's results came from, when not this run
     # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)

@@ -1,40 +1,38 @@
-"""The performance verdict: per level and metric, the candidate/reference ratio with a 95%
-interval, and a word for it (`faster`, `slower`, `within noise`).
+"""The performance verdict: per level and metric, the candidate/reference ratio with an interval
+that fits how the load was scheduled, and a word for it (`faster`, `slower`, `within noise`).
 
 Metric names and definitions are `vllm bench serve`'s (mean TTFT over requests, TPOT =
 (E2EL - TTFT)/(tokens - 1) per request, ITL over every inter-token gap, throughputs over the
-level's wall time). Request i is the same prompt on both sides, so every comparison is paired.
+block's wall time), computed once per block: one side's run of one (level, repeat). Request i is
+the same prompt on both sides, so every comparison is paired (rig.verdict.intervals has the
+units: the block pair, or at a level whose requests ran pair by pair, the request pair).
 
-With two or more repeats, the repeat is the unit: each repeat gives one ratio per metric (the
-same prompts on both sides, so the prompt mix cancels), and the interval is Student's t over
-the repeats' log ratios, centred on their geometric mean. It holds the variation between
-repeats that a resampling of a few repeats misses: the performance control measured the
-earlier bootstrap over requests and repeats calling 15-20% of A/A throughputs `faster` or
-`slower` with 3-5 repeats (tests/verdict/test_perf.py simulates it). With one repeat, a paired
-bootstrap over request positions (the same draws for both sides): it covers request-to-request
-variation only, and a throughput, one number per repeat, has no interval (`single run`). A
-change whose interval includes 1 is `within noise`.
-
-A candidate slowed on purpose (`ref+delay-<N>ms`: N ms after every GDN prefill call) gets the
-change it planted next to what was measured: at C=1 the requests run one at a time and every
-GDN prefill call belongs to one request's prefill, before its first token, so each request's
-TTFT and E2EL grow by N ms x its calls; the calls are counted on the candidate's /metrics around
-each level, the reference's mean TTFT/E2EL is measured in the same run.
+Left out of every interval: blocks in which a server compiled a kernel (their time holds the
+compilation; the load stage ran another block instead), cancelled and warm-up requests. A level
+where some pair's outputs differ in length, or one side failed, did unequal work: its ratios are
+shown with no interval and no word. One block pair is no measurement of speed: no interval.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
-from rig.records import RequestRecord
-from rig.verdict.student_t import t_quantile
+from rig.records import RequestRecord, ServerDelta
+from rig.verdict.intervals import (
+    LogEstimate,
+    SumRatio,
+    TimingDesign,
+    block_estimate,
+    pair_estimate,
+)
+from rig.verdict.planted import PlantedDelay, add_planted
+from rig.verdict.server_side import add_server_metrics
 
-RESAMPLES = 2000
-SEED = 20261130
 CONFIDENCE = 0.95
 # vllm bench serve's names, and True where lower is better (latency), False for throughput.
 PERF_METRICS = {
@@ -49,13 +47,17 @@ PERF_METRICS = {
     "total_token_throughput": False,
 }
 FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
-SINGLE = "single run"  # a throughput's word with one repeat: no interval to judge
+UNEQUAL = "not comparable: outputs differ"
+ONE_BLOCK = "not measured (one block)"
+BLOCK, PAIR = "block", "pair"
+CANDIDATE, AA = "candidate/reference", "A/A"
+FIXED = TimingDesign()  # a fixed number of blocks, every block kept, blocks as units
 
 
 @dataclass(frozen=True)
 class RepeatArrays:
-    """One repeat of one side at one level, by request index (the position in the level's
-    ordered requests, the same prompt on both sides); NaN where a request failed."""
+    """One block: one side's requests of one (level, repeat), by request index (the position in
+    the level's ordered requests, the same prompt on both sides); NaN where a request failed."""
 
     ttft_ms: np.ndarray
     tpot_ms: np.ndarray  # also NaN where a request has fewer than two tokens
@@ -95,83 +97,149 @@ def repeat_arrays(records: list[RequestRecord], size: int) -> RepeatArrays | Non
     )
 
 
-def _nanmean(values: np.ndarray) -> np.ndarray:
+def block_metrics(a: RepeatArrays) -> dict[str, float]:
+    """Every metric of one block."""
+    valid = ~np.isnan(a.ttft_ms)
+    duration = a.duration_s if a.duration_s > 0 else math.nan
+    out, prompt = np.nansum(a.output_tokens), np.nansum(a.prompt_tokens)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.nansum(values, axis=1) / (~np.isnan(values)).sum(axis=1)
+        return {
+            "mean_ttft_ms": float(np.nanmean(a.ttft_ms)) if valid.any() else math.nan,
+            "median_ttft_ms": _percentile(a.ttft_ms, 50),
+            "p99_ttft_ms": _percentile(a.ttft_ms, 99),
+            "mean_tpot_ms": _mean(a.tpot_ms),
+            "mean_itl_ms": float(np.nansum(a.itl_sum_ms) / np.nansum(a.itl_count)),
+            "mean_e2el_ms": _mean(a.e2el_ms),
+            "request_throughput": float(valid.sum() / duration),
+            "output_throughput": float(out / duration),
+            "total_token_throughput": float((out + prompt) / duration),
+        }
 
 
-def _metrics(a: RepeatArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
-    """Every metric of one repeat, one value per row of idx (resamples x request indices)."""
-    ttft, tpot, e2el = a.ttft_ms[idx], a.tpot_ms[idx], a.e2el_ms[idx]
-    duration = a.duration_s if a.duration_s > 0 else np.nan
-    out, prompt = np.nansum(a.output_tokens[idx], axis=1), np.nansum(a.prompt_tokens[idx], axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        itl_mean = np.nansum(a.itl_sum_ms[idx], axis=1) / np.nansum(a.itl_count[idx], axis=1)
-    completed = (~np.isnan(ttft)).sum(axis=1)
-    return {
-        "mean_ttft_ms": _nanmean(ttft),
-        "median_ttft_ms": _nanpercentile(ttft, 50),
-        "p99_ttft_ms": _nanpercentile(ttft, 99),
-        "mean_tpot_ms": _nanmean(tpot),
-        "mean_itl_ms": itl_mean,
-        "mean_e2el_ms": _nanmean(e2el),
-        "request_throughput": completed / duration,
-        "output_throughput": out / duration,
-        "total_token_throughput": (out + prompt) / duration,
-    }
+def _mean(values: np.ndarray) -> float:
+    finite = values[~np.isnan(values)]
+    return float(finite.mean()) if finite.size else math.nan
 
 
-def _nanpercentile(values: np.ndarray, q: float) -> np.ndarray:
-    """Per row, ignoring NaN; NaN sorts last, so each row's valid values come first."""
-    ordered = np.sort(values, axis=1)
-    valid = (~np.isnan(values)).sum(axis=1)
-    position = (np.maximum(valid, 1) - 1) * q / 100
-    low = np.floor(position).astype(int)
-    high = np.minimum(low + 1, np.maximum(valid - 1, 0))
-    rows = np.arange(values.shape[0])
-    below, above = ordered[rows, low], ordered[rows, high]
-    result = below + (above - below) * (position - low)
-    return np.where(valid > 0, result, np.nan)
+def _percentile(values: np.ndarray, q: float) -> float:
+    finite = values[~np.isnan(values)]
+    return float(np.percentile(finite, q)) if finite.size else math.nan
 
 
-def paired_bootstrap(
-    ref: RepeatArrays, cand: RepeatArrays, rng: np.random.Generator, resamples: int = RESAMPLES
-) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """One repeat: point ratios (candidate / reference) and their paired bootstrap, the same
-    request positions (the same prompts) drawn for both sides, so the prompt mix cancels and
-    what varies is how each side served them."""
-    whole = np.arange(ref.ttft_ms.size)[None, :]
-    idx = rng.integers(0, ref.ttft_ms.size, size=(resamples, ref.ttft_ms.size))
-    ref_whole, cand_whole = _metrics(ref, whole), _metrics(cand, whole)
-    ref_drawn, cand_drawn = _metrics(ref, idx), _metrics(cand, idx)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        points = {m: float(cand_whole[m][0] / ref_whole[m][0]) for m in PERF_METRICS}
-        ratios = {m: cand_drawn[m] / ref_drawn[m] for m in PERF_METRICS}
-    return points, ratios
+@dataclass
+class LevelBlocks:
+    """The block pairs both sides ran at one level, in repeat order, and what was left out."""
+
+    level: int
+    pairs: list[tuple[int, RepeatArrays, RepeatArrays]] = field(default_factory=list)
+    excluded: list[int] = field(default_factory=list)  # repeats with a JIT compilation
+
+    @property
+    def unequal_pairs(self) -> int:
+        """Request pairs where one side failed or the outputs differ in length."""
+        count = 0
+        for _, ref, cand in self.pairs:
+            failed = np.isnan(ref.ttft_ms) | np.isnan(cand.ttft_ms)
+            count += int((failed | (ref.output_tokens != cand.output_tokens)).sum())
+        return count
 
 
-def repeat_ratios(pairs: list[tuple[RepeatArrays, RepeatArrays]]) -> dict[str, np.ndarray]:
-    """Per metric, each repeat's candidate / reference ratio over all its requests."""
-    ratios: dict[str, list[float]] = {metric: [] for metric in PERF_METRICS}
-    for ref, cand in pairs:
-        whole = np.arange(ref.ttft_ms.size)[None, :]
-        ref_metrics, cand_metrics = _metrics(ref, whole), _metrics(cand, whole)
-        for metric in PERF_METRICS:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                ratios[metric].append(float(cand_metrics[metric][0] / ref_metrics[metric][0]))
-    return {metric: np.array(values) for metric, values in ratios.items()}
+def paired_levels(
+    reference: list[RequestRecord],
+    candidate: list[RequestRecord],
+    excluded: frozenset[tuple[int, int]] = frozenset(),
+) -> dict[int, LevelBlocks]:
+    """Per level, the (level, repeat) blocks both sides ran, as arrays of one size."""
+    groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
+    for side, records in (("reference", reference), ("candidate", candidate)):
+        for r in records:
+            if not r.warmup and not r.cancelled:
+                groups.setdefault((side, r.level, r.repeat), []).append(r)
+    levels: dict[int, LevelBlocks] = {}
+    for (side, level, repeat), ref_records in sorted(groups.items()):
+        cand_records = groups.get(("candidate", level, repeat))
+        if side != "reference" or cand_records is None:
+            continue
+        blocks = levels.setdefault(level, LevelBlocks(level))
+        if (level, repeat) in excluded:
+            blocks.excluded.append(repeat)
+            continue
+        size = 1 + max(r.index for r in ref_records + cand_records)
+        ref, cand = repeat_arrays(ref_records, size), repeat_arrays(cand_records, size)
+        if ref is not None and cand is not None:
+            blocks.pairs.append((repeat, ref, cand))
+    return levels
 
 
-def t_interval(ratios: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """(geometric mean, low, high) of per-repeat ratios: Student's t interval on the log scale;
-    NaN where fewer than two repeats give a positive, finite ratio."""
-    logs = np.log(ratios[np.isfinite(ratios) & (ratios > 0)])
-    if logs.size < 2:
-        return (float(np.exp(logs.mean())) if logs.size else np.nan), np.nan, np.nan
-    centre = logs.mean()
-    quantile = t_quantile(1 - (1 - confidence) / 2, logs.size - 1)
-    half = quantile * logs.std(ddof=1) / np.sqrt(logs.size)
-    return float(np.exp(centre)), float(np.exp(centre - half)), float(np.exp(centre + half))
+def block_estimates(blocks: LevelBlocks, stage_one: int | None) -> dict[str, LogEstimate]:
+    """Per metric, from each block pair's ratio of the two blocks' metrics."""
+    per_block = [(block_metrics(ref), block_metrics(cand)) for _, ref, cand in blocks.pairs]
+    estimates = {}
+    for metric in PERF_METRICS:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            logs = np.log(np.array([c[metric] / r[metric] for r, c in per_block]))
+        estimate = block_estimate(logs, stage_one)
+        if estimate is not None:
+            estimates[metric] = estimate
+    return estimates
+
+
+# Metrics that are ratios of sums over request pairs, for levels measured pair by pair:
+# (candidate's numerator, candidate's denominator) per pair, the reference's the same. A
+# throughput at C=1 is tokens over the time spent serving them (the sum of E2EL).
+_PAIR_TERMS = {
+    "mean_ttft_ms": ("ttft_ms", None),
+    "mean_tpot_ms": ("tpot_ms", None),
+    "mean_itl_ms": ("itl_sum_ms", "itl_count"),
+    "mean_e2el_ms": ("e2el_ms", None),
+    "request_throughput": (None, "e2el_ms"),
+    "output_throughput": ("output_tokens", "e2el_ms"),
+    "total_token_throughput": ("total_tokens", "e2el_ms"),
+}
+
+
+def _pair_column(arrays: list[RepeatArrays], name: str | None) -> np.ndarray:
+    if name is None:
+        return np.concatenate([np.where(np.isnan(a.ttft_ms), np.nan, 1.0) for a in arrays])
+    if name == "total_tokens":
+        return np.concatenate([a.output_tokens + a.prompt_tokens for a in arrays])
+    return np.concatenate([getattr(a, name) for a in arrays])
+
+
+def pair_estimates(blocks: LevelBlocks, stage_one: int | None) -> dict[str, LogEstimate]:
+    """Per metric, a ratio of sums over the request pairs of every block, in the order they
+    ran; stage one is the pairs of the first `stage_one` blocks."""
+    refs = [ref for _, ref, _ in blocks.pairs]
+    cands = [cand for _, _, cand in blocks.pairs]
+    stage_pairs = sum(a.ttft_ms.size for a in refs[:stage_one]) if stage_one else None
+    estimates = {}
+    for metric, (numerator, denominator) in _PAIR_TERMS.items():
+        terms = []
+        for sign, arrays in ((1, cands), (-1, refs)):
+            terms.append((sign, _pair_column(arrays, numerator)))
+            if denominator is not None:
+                terms.append((-sign, _pair_column(arrays, denominator)))
+        estimate = pair_estimate(SumRatio(tuple(terms)), _valid_before(terms, stage_pairs))
+        if estimate is not None:
+            estimates[metric] = estimate
+    return estimates
+
+
+def _valid_before(terms: list[tuple[int, np.ndarray]], position: int | None) -> int | None:
+    """How many usable pairs lie before `position` (stage one counted in usable pairs)."""
+    if position is None:
+        return None
+    valid = np.ones(terms[0][1].size, dtype=bool)
+    for _, values in terms:
+        valid &= np.isfinite(values)
+    return int(valid[:position].sum())
+
+
+def level_estimates(blocks: LevelBlocks, timing: TimingDesign) -> dict[str, LogEstimate]:
+    """The level's estimates in the unit its schedule allows."""
+    if blocks.level in timing.pair_levels:
+        return pair_estimates(blocks, timing.stage_one_blocks)
+    return block_estimates(blocks, timing.stage_one_blocks)
 
 
 def word(lower_is_better: bool, low: float, high: float) -> str:
@@ -185,74 +253,68 @@ def word(lower_is_better: bool, low: float, high: float) -> str:
     return NOISE
 
 
+def _point_ratios(blocks: LevelBlocks) -> dict[str, float]:
+    """Each metric's ratio of the two sides' block means (no interval)."""
+    per_block = [(block_metrics(ref), block_metrics(cand)) for _, ref, cand in blocks.pairs]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            m: float(np.nanmean([c[m] for _, c in per_block]))
+            / float(np.nanmean([r[m] for r, _ in per_block]))
+            for m in PERF_METRICS
+        }
+
+
+def _set_metric(row: dict, metric: str, ratio: float, low: float, high: float, text: str) -> None:
+    row[f"{metric}_ratio"] = ratio
+    row[f"{metric}_ci_low"] = low
+    row[f"{metric}_ci_high"] = high
+    row[f"{metric}_change_pct"] = (ratio - 1) * 100
+    row[f"{metric}_ci_low_pct"] = (low - 1) * 100
+    row[f"{metric}_ci_high_pct"] = (high - 1) * 100
+    row[f"{metric}_word"] = text
+
+
 def compare_levels(
     reference: Iterable[RequestRecord],
     candidate: Iterable[RequestRecord],
     comparison: str = "candidate/reference",  # or "A/A"
-    seed: int = SEED,
     confidence: float = CONFIDENCE,
+    timing: TimingDesign = FIXED,
 ) -> pd.DataFrame:
-    """One row per level both sides ran: per metric `<m>_ratio` (candidate / reference), its
-    interval `<m>_ci_low` / `<m>_ci_high`, the same as percent change (candidate - reference,
-    relative: `<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and `<m>_word`."""
-    levels = _paired_levels(list(reference), list(candidate))
-    rng = np.random.default_rng(seed)
-    alpha = (1 - confidence) / 2 * 100
+    """One row per level both sides ran: its unit, blocks and the pairs that did unequal work;
+    per metric `<m>_ratio` (candidate / reference), its interval `<m>_ci_low` / `<m>_ci_high`,
+    the same as percent change (`<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and
+    `<m>_word`."""
+    levels = paired_levels(list(reference), list(candidate), timing.excluded)
     rows = []
-    for level, pairs in levels.items():
-        if len(pairs) == 1:
-            points, boot = paired_bootstrap(*pairs[0], rng)
-        else:
-            per_repeat = repeat_ratios(pairs)
+    for level, blocks in levels.items():
+        if not blocks.pairs:
+            continue
+        unequal = blocks.unequal_pairs
         row: dict = {
             "comparison": comparison,
             "level": level,
-            "repeats": len(pairs),
-            "requests": int(sum(np.sum(~np.isnan(cand.ttft_ms)) for _, cand in pairs)),
+            "unit": PAIR if level in timing.pair_levels else BLOCK,
+            "repeats": len(blocks.pairs),
+            "excluded_blocks": len(blocks.excluded),
+            "requests": int(sum(np.sum(~np.isnan(cand.ttft_ms)) for _, _, cand in blocks.pairs)),
+            "unequal_pairs": unequal,
         }
+        estimates = {} if unequal else level_estimates(blocks, timing)
+        points = _point_ratios(blocks)
         for metric, lower_is_better in PERF_METRICS.items():
-            if len(pairs) > 1:
-                ratio, low, high = t_interval(per_repeat[metric], confidence)
-            else:
-                ratio, ratios = points[metric], boot[metric]
-                ratios = ratios[np.isfinite(ratios)]
-                low, high = (
-                    np.percentile(ratios, [alpha, 100 - alpha]) if ratios.size else (np.nan, np.nan)
-                )
-                if not lower_is_better:
-                    low = high = np.nan  # one repeat: a throughput has no run-to-run variation
-            row[f"{metric}_ratio"] = ratio
-            row[f"{metric}_ci_low"] = low
-            row[f"{metric}_ci_high"] = high
-            row[f"{metric}_change_pct"] = (ratio - 1) * 100
-            row[f"{metric}_ci_low_pct"] = (low - 1) * 100
-            row[f"{metric}_ci_high_pct"] = (high - 1) * 100
-            row[f"{metric}_word"] = (
-                word(lower_is_better, low, high) if np.isfinite(low) or lower_is_better else SINGLE
-            )
+            estimate = estimates.get(metric)
+            if unequal or estimate is None:
+                text = UNEQUAL if unequal else ONE_BLOCK
+                _set_metric(row, metric, points[metric], math.nan, math.nan, text)
+                continue
+            ratio, low, high = estimate.interval(confidence)
+            if len(blocks.pairs) < 2:
+                low = high = math.nan
+            text = word(lower_is_better, low, high) if np.isfinite(low) else ONE_BLOCK
+            _set_metric(row, metric, ratio, low, high, text)
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _paired_levels(
-    reference: list[RequestRecord], candidate: list[RequestRecord]
-) -> dict[int, list[tuple[RepeatArrays, RepeatArrays]]]:
-    """Per level, the repeats both sides ran, as (reference, candidate) arrays of one size."""
-    groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
-    for side, records in (("reference", reference), ("candidate", candidate)):
-        for r in records:
-            if not r.warmup:
-                groups.setdefault((side, r.level, r.repeat), []).append(r)
-    levels: dict[int, list[tuple[RepeatArrays, RepeatArrays]]] = {}
-    for (side, level, repeat), ref_records in sorted(groups.items()):
-        cand_records = groups.get(("candidate", level, repeat))
-        if side != "reference" or cand_records is None:
-            continue
-        size = 1 + max(r.index for r in ref_records + cand_records)
-        ref, cand = repeat_arrays(ref_records, size), repeat_arrays(cand_records, size)
-        if ref is not None and cand is not None:
-            levels.setdefault(level, []).append((ref, cand))
-    return levels
 
 
 def worst_slowdown_pct(row: pd.Series, metric: str) -> float:
@@ -264,99 +326,34 @@ def worst_slowdown_pct(row: pd.Series, metric: str) -> float:
     return float(-row[f"{metric}_ci_high_pct"])
 
 
-CANDIDATE, AA = "candidate/reference", "A/A"
-
-
 def perf_frame(
     records: Iterable[RequestRecord],
     aa_records: Iterable[RequestRecord] = (),
     aa_concurrency: int | None = None,
     planted: PlantedDelay | None = None,
     confidence: float = CONFIDENCE,
+    timing: TimingDesign = FIXED,
+    deltas: Iterable[ServerDelta] = (),
 ) -> pd.DataFrame:
-    """The run's candidate-vs-reference comparison from its timed, finished requests, and, when
-    the A/A control ran at one of the levels' concurrencies, the A/A performance floor: the
-    reference server's replay of a level's requests against that level's first repeat (same
-    kernel, same concurrency: what identical kernels measure as a change). With a planted
-    delay, what it planted (add_planted)."""
+    """The run's candidate-vs-reference comparison from its timed, finished requests, with the
+    servers' own timings beside it (server_side.py), and, when the A/A control ran at one of the
+    levels' concurrencies, the A/A performance floor: the reference server's replay of a
+    level's requests against that level's first repeat (same kernel, same concurrency; one
+    block, so a ratio with no interval). With a planted delay, what it planted (add_planted)."""
     records = list(records)
     finished = [r for r in records if not r.cancelled]
     reference = [r for r in finished if r.side == "reference"]
     candidate = [r for r in finished if r.side == "candidate"]
-    frame = compare_levels(reference, candidate, confidence=confidence)
+    frame = compare_levels(reference, candidate, confidence=confidence, timing=timing)
+    frame = add_server_metrics(frame, list(deltas), CANDIDATE, timing, confidence)
     if planted is not None and not frame.empty:
-        frame = add_planted(frame, records, planted)
+        frame = add_planted(frame, records, planted, timing.excluded)
     replay = [replace(r, level=aa_concurrency) for r in aa_records]
     baseline = [r for r in reference if r.level == aa_concurrency and r.repeat == 0]
     if replay and baseline:
         floor = compare_levels(baseline, replay, comparison=AA, confidence=confidence)
         frame = pd.concat([frame, floor], ignore_index=True) if not frame.empty else floor
     return frame
-
-
-PLANTED_METRICS = ("mean_ttft_ms", "mean_e2el_ms")  # grow by the same time per request
-
-
-@dataclass(frozen=True)
-class PlantedDelay:
-    """The candidate's planted delay and the GDN prefill calls its servers made in each
-    (level, repeat), from their /metrics before and after the level."""
-
-    kernel: str
-    delay_ms: float
-    calls: dict[tuple[int, int], int]
-
-
-def add_planted(
-    frame: pd.DataFrame, records: Iterable[RequestRecord], planted: PlantedDelay
-) -> pd.DataFrame:
-    """Candidate rows at C=1 get what the delay planted: `planted_delay_ms` per call,
-    `planted_calls_per_request`, `planted_ms_per_request` (delay x calls / requests), and per
-    metric of PLANTED_METRICS `<m>_planted_pct` (that time over the reference's mean, in
-    percent) and `<m>_planted_inside_ci` (whether the interval holds it). Other levels batch
-    several requests' prefills into one call: nothing is claimed there."""
-    timed = [r for r in records if not r.warmup and not r.cancelled]
-    frame = frame.copy()
-    for index, row in frame.iterrows():
-        if row["comparison"] != CANDIDATE or row["level"] != 1:
-            continue
-        level = int(row["level"])
-        repeats = sorted(rep for (lvl, rep) in planted.calls if lvl == level)
-        requests = sum(
-            1 for r in timed if r.side == "candidate" and r.level == level and r.repeat in repeats
-        )
-        if not requests:
-            continue
-        calls = sum(planted.calls[(level, rep)] for rep in repeats)
-        added_ms = planted.delay_ms * calls / requests
-        frame.loc[index, "planted_delay_ms"] = planted.delay_ms
-        frame.loc[index, "planted_ms_per_request"] = added_ms
-        frame.loc[index, "planted_calls_per_request"] = calls / requests
-        for metric in PLANTED_METRICS:
-            reference = _reference_mean(timed, level, repeats, metric)
-            pct = 100 * added_ms / reference
-            low, high = row[f"{metric}_ci_low_pct"], row[f"{metric}_ci_high_pct"]
-            frame.loc[index, f"{metric}_planted_pct"] = pct
-            frame.loc[index, f"{metric}_planted_inside_ci"] = bool(low <= pct <= high)
-    return frame
-
-
-def _reference_mean(
-    records: list[RequestRecord], level: int, repeats: list[int], metric: str
-) -> float:
-    """The reference's metric at a level, the mean over repeats of each repeat's mean (as the
-    ratio's point estimate takes it)."""
-    field = {"mean_ttft_ms": "ttft_s", "mean_e2el_ms": "e2el_s"}[metric]
-    means = []
-    for repeat in repeats:
-        values = [
-            getattr(r, field)
-            for r in records
-            if r.side == "reference" and (r.level, r.repeat) == (level, repeat) and r.error is None
-        ]
-        if values:
-            means.append(1000 * float(np.mean(values)))
-    return float(np.mean(means)) if means else float("nan")
 
 
 def candidate_rows(frame: pd.DataFrame) -> pd.DataFrame:

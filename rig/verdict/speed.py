@@ -1,13 +1,16 @@
 """Is it faster? Only where the run's design can say: both sides measured in this run, under
-the same conditions, with repeats. Then a speed word (`faster`, `slower`, `within noise`) for
-the headline metrics, with family-wise control over those metrics and the levels (Bonferroni:
-an A/A run calls any of them faster or slower in at most 5% of runs at the default rate);
-otherwise the numbers without a word, and the headline says why: `not measured (single run)`,
-or `not comparable (reference from the golden cache, ...)`, measured at another time.
+the same conditions, with two or more blocks per level, doing the same work. Then a speed word
+(`faster`, `slower`, `within noise`) for the headline metrics, with family-wise control over
+those metrics and the levels (Bonferroni: an A/A run calls any of them faster or slower in at
+most 5% of runs at the default rate); otherwise the numbers without a word, and the headline says
+why: `not measured` (a single block, an interrupted run), `not comparable` (a reference from the
+golden cache, measured at another time; a candidate that is NOT equivalent, or a level whose
+outputs differ in length: unequal work). In an A/A run a change is no kernel's: it is called an
+`A/A asymmetry` (the schedule or the machine favours one side), never faster or slower.
 
-With one repeat there is no run-to-run variation to judge a change by (a paired bootstrap over
-requests holds only request-to-request variation, and called identical kernels 32% slower on
-TTFT); a reference from the golden cache was measured at another time, on another machine load.
+With `workload.speed_resolution_pct`, the load stage adds blocks to a level until every headline
+interval there is that narrow (Stein's two-stage design, rig/verdict/intervals.py), or its time
+budget ends; the headline says which.
 """
 
 from __future__ import annotations
@@ -17,9 +20,22 @@ import math
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
-from rig.verdict.perf import CANDIDATE, FASTER, NOISE, PERF_METRICS, SLOWER
+from rig.records import RequestRecord
+from rig.verdict.intervals import TimingDesign
+from rig.verdict.perf import (
+    CANDIDATE,
+    FASTER,
+    NOISE,
+    ONE_BLOCK,
+    PERF_METRICS,
+    SLOWER,
+    UNEQUAL,
+    level_estimates,
+    paired_levels,
+)
 from rig.verdict.student_t import t_quantile
 
 # The metrics that get a word, and so make up the family: latency at first token, per token
@@ -27,16 +43,22 @@ from rig.verdict.student_t import t_quantile
 HEADLINE_METRICS = ("mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "total_token_throughput")
 FAMILY_CONFIDENCE = 0.95
 NOT_JUDGED = "not judged"  # the word of a metric outside the family
+AA_ASYMMETRY = "A/A asymmetry"  # an A/A interval that excludes no change: not a kernel's doing
 METRIC_NAMES = {"total_token_throughput": "throughput", "mean_ttft_ms": "TTFT"}
+SHORT_NAMES = METRIC_NAMES | {"mean_tpot_ms": "TPOT", "mean_e2el_ms": "E2EL"}
 
 
 @dataclass(frozen=True)
 class SpeedDesign:
-    """Whether this run's design supports a speed word; `reason` says why not."""
+    """Whether this run's design supports a speed word (`reason` says why not), whether it is
+    an A/A run, and the resolution its scenario asked for."""
 
     measured: bool
     reason: str = ""
     family_confidence: float = FAMILY_CONFIDENCE
+    aa_run: bool = False
+    resolution_pct: float | None = None
+    budget_s: float | None = None
 
     @property
     def word(self) -> str:
@@ -57,27 +79,46 @@ class SpeedDesign:
 
 
 def speed_design(
-    repeats: int, golden_run: str | None, golden_stored: str | None = None
+    blocks: int,
+    golden_run: str | None,
+    golden_stored: str | None = None,
+    *,
+    interrupted: str | None = None,
+    not_equivalent: bool = False,
+    aa_run: bool = False,
+    resolution_pct: float | None = None,
+    budget_s: float | None = None,
 ) -> SpeedDesign:
-    """The design of a run: a reference from the golden cache is not comparable; one repeat
-    is not a measurement of speed; repeats of both sides in this run are."""
+    """The design of a run: a reference from the golden cache is not comparable, nor is a
+    candidate whose outputs differ; one block per level, or an interrupted run, is not a
+    measurement of speed; two or more blocks of both sides in this run are."""
+    extra = {"aa_run": aa_run, "resolution_pct": resolution_pct, "budget_s": budget_s}
     if golden_run is not None:
         when = f", stored {golden_stored}" if golden_stored else ""
         return SpeedDesign(
             False,
             f"not comparable (reference from the golden cache: run {golden_run}{when}; "
             "--no-cache measures both sides in this run)",
+            **extra,
         )
-    if repeats < 2:
+    if not_equivalent:
         return SpeedDesign(
-            False, "not measured (single run: set workload.repeats to 2 or more for a word)"
+            False, "not comparable (outputs differ: the candidate is NOT equivalent)", **extra
         )
-    return SpeedDesign(True)
+    if interrupted is not None:
+        return SpeedDesign(False, f"not measured (the run did not complete: {interrupted})")
+    if blocks < 2 and resolution_pct is None:
+        return SpeedDesign(
+            False,
+            "not measured (single run: set workload.repeats to 2 or more for a word)",
+            **extra,
+        )
+    return SpeedDesign(True, **extra)
 
 
 def apply_design(frame: pd.DataFrame, design: SpeedDesign) -> pd.DataFrame:
     """The candidate rows' words as the design allows: none where it gives no word, none for
-    metrics outside the family."""
+    metrics outside the family, and in an A/A run no faster or slower."""
     if frame.empty:
         return frame
     frame = frame.copy()
@@ -88,6 +129,9 @@ def apply_design(frame: pd.DataFrame, design: SpeedDesign) -> pd.DataFrame:
             frame.loc[rows, column] = design.word
         elif metric not in HEADLINE_METRICS:
             frame.loc[rows, column] = NOT_JUDGED
+        elif design.aa_run:
+            judged = rows & frame[column].isin([FASTER, SLOWER])
+            frame.loc[judged, column] = AA_ASYMMETRY
     return frame
 
 
@@ -97,16 +141,68 @@ def _levels_text(levels: list[int]) -> str:
 
 def _metric_headline(rows: pd.DataFrame, metric: str) -> str:
     name = METRIC_NAMES[metric]
-    judged = rows[rows[f"{metric}_word"].isin([FASTER, SLOWER])]
-    quiet = sorted(int(level) for level in rows.loc[rows[f"{metric}_word"] == NOISE, "level"])
+    words = rows[f"{metric}_word"]
+    judged = rows[words.isin([FASTER, SLOWER, AA_ASYMMETRY])]
     parts = [
         f"{row[f'{metric}_change_pct']:+.1f} % [{row[f'{metric}_ci_low_pct']:+.1f}, "
         f"{row[f'{metric}_ci_high_pct']:+.1f}] {row[f'{metric}_word']} at C{int(row['level'])}"
         for _, row in judged.iterrows()
     ]
+    others = [
+        f"{other} at {_levels_text(levels)}"
+        for other in (UNEQUAL, ONE_BLOCK)
+        if (levels := sorted(int(level) for level in rows.loc[words == other, "level"]))
+    ]
+    quiet = sorted(int(level) for level in rows.loc[words == NOISE, "level"])
     if quiet:
-        parts.append(f"within noise at {_levels_text(quiet)}" if parts else "within noise")
+        named = parts or others
+        parts.append(f"within noise at {_levels_text(quiet)}" if named else "within noise")
+    parts += others
     return f"{name} " + ("; ".join(parts) if parts else "n/a")
+
+
+def half_width_pct(row: pd.Series, metric: str) -> float:
+    """The wider half of a metric's interval, in percent of the reference; NaN without one."""
+    change = row[f"{metric}_change_pct"]
+    return max(row[f"{metric}_ci_high_pct"] - change, change - row[f"{metric}_ci_low_pct"])
+
+
+def resolution_text(rows: pd.DataFrame, design: SpeedDesign) -> str:
+    """Whether each level's headline intervals came as narrow as the scenario asked."""
+    if design.resolution_pct is None or rows.empty:
+        return ""
+    target = design.resolution_pct
+    resolved, open_levels = [], []
+    for _, row in rows.iterrows():
+        widths = {m: half_width_pct(row, m) for m in HEADLINE_METRICS}
+        widest = max(widths, key=lambda m: -math.inf if math.isnan(widths[m]) else widths[m])
+        where = f"C{int(row['level'])} ({int(row['repeats'])} blocks)"
+        if all(w <= target + 1e-9 for w in widths.values()):
+            resolved.append(where)
+        else:
+            width = widths[widest]
+            shown = f"±{width:.1f} %" if not math.isnan(width) else "no interval"
+            open_levels.append(f"{where}: widest {SHORT_NAMES[widest]} {shown}")
+    text = f"resolved to ±{target:g} % at {', '.join(resolved)}" if resolved else ""
+    if open_levels:
+        budget = f" within the {design.budget_s:g} s budget" if design.budget_s else ""
+        text += ("; " if text else "") + f"not resolved to ±{target:g} %{budget} at "
+        text += "; ".join(open_levels)
+    return text
+
+
+def noninferiority_text(rows: pd.DataFrame, design: SpeedDesign) -> str:
+    """`not slower than X %`: the largest slowdown any headline interval at any level leaves
+    open, when every one of them has an interval (family-wise, as the words); none in an A/A
+    run, which has no candidate."""
+    bounds = []
+    for _, row in rows.iterrows():
+        for metric in HEADLINE_METRICS:
+            low, high = row[f"{metric}_ci_low_pct"], row[f"{metric}_ci_high_pct"]
+            bounds.append(high if PERF_METRICS[metric] else -low)
+    if design.aa_run or not bounds or any(not np.isfinite(b) for b in bounds):
+        return ""
+    return f"not slower than {max(bounds):+.1f} % on any headline metric at any level"
 
 
 def speed_headline(frame: pd.DataFrame, design: SpeedDesign) -> str:
@@ -118,7 +214,51 @@ def speed_headline(frame: pd.DataFrame, design: SpeedDesign) -> str:
     if rows.empty:
         return "speed: n/a (no level finished on both sides)"
     parts = [_metric_headline(rows, metric) for metric in METRIC_NAMES]
-    return f"speed: {'; '.join(parts)} ({design.describe(len(rows))})"
+    extra = [text for text in (resolution_text(rows, design), noninferiority_text(rows, design))]
+    tail = "".join(f"; {text}" for text in extra if text)
+    aa = "A/A run: " if design.aa_run else ""
+    return f"speed: {aa}{'; '.join(parts)}{tail} ({design.describe(len(rows))})"
+
+
+@dataclass(frozen=True)
+class LevelResolution:
+    """Where a level stands against the asked-for resolution: the block pairs it kept, the
+    block pairs Stein's second stage asks for (None before stage one is done), and whether the
+    level is resolved."""
+
+    level: int
+    blocks: int
+    blocks_needed: int | None
+
+    @property
+    def resolved(self) -> bool:
+        return self.blocks_needed is not None and self.blocks >= max(2, self.blocks_needed)
+
+
+def level_resolution(
+    reference: list[RequestRecord],
+    candidate: list[RequestRecord],
+    level: int,
+    timing: TimingDesign,
+    confidence: float,
+    resolution_pct: float,
+) -> LevelResolution:
+    """How many block pairs `level` needs for every headline interval to be within
+    ±`resolution_pct`, from its stage-one blocks (timing.stage_one_blocks)."""
+    blocks = paired_levels(reference, candidate, timing.excluded).get(level)
+    kept = len(blocks.pairs) if blocks is not None else 0
+    stage_one = timing.stage_one_blocks or 2
+    if blocks is None or kept < stage_one or blocks.unequal_pairs:
+        return LevelResolution(level, kept, None)
+    estimates = level_estimates(blocks, timing)
+    half = math.log1p(resolution_pct / 100)
+    needed = [estimates[m].units_for(half, confidence) for m in HEADLINE_METRICS if m in estimates]
+    if not needed or 0 in needed:
+        return LevelResolution(level, kept, None)
+    if level in timing.pair_levels:
+        per_block = max(1, estimates[HEADLINE_METRICS[0]].units // kept)
+        return LevelResolution(level, kept, math.ceil(max(needed) / per_block))
+    return LevelResolution(level, kept, max(needed))
 
 
 def repeats_for(

@@ -4,6 +4,7 @@ incomplete beta function by its continued fraction, inverted by bisection."""
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 
 def _betainc(a: float, b: float, x: float) -> float:
@@ -33,6 +34,7 @@ def _betainc(a: float, b: float, x: float) -> float:
     return math.exp(log_front) * fraction / a
 
 
+@lru_cache(maxsize=4096)
 def t_quantile(probability: float, df: int) -> float:
     """Student's t quantile (probability > 0.5), by bisection on its distribution function."""
     tail = 1 - probability  # P(T > t) = I_{df/(df+t^2)}(df/2, 1/2) / 2

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from rig.records import PrefixCacheDelta
-from rig.run.state import PREFIX_CACHE_FILE, read_jsonl
+from rig.records import ServerDelta
+from rig.run.state import SERVER_COUNTERS_FILE, read_jsonl
 from rig.serve.hardware import visible_gpus
 
 from .conftest import REPO, RigRun, rig_processes
@@ -209,7 +209,7 @@ def test_two_replica_pairs_share_two_gpus_and_shard_the_requests(run_rig):
         replica_of.setdefault(row["request_id"], set()).add(row["replica"])
     assert all(len(replicas) == 1 for replicas in replica_of.values())
     assert {r for replicas in replica_of.values() for r in replicas} == {"0", "1"}
-    deltas = read_jsonl(run.run_dir / PREFIX_CACHE_FILE, PrefixCacheDelta)
+    deltas = read_jsonl(run.run_dir / SERVER_COUNTERS_FILE, ServerDelta)
     assert {d.server for d in deltas} == {"reference", "candidate", "reference-1", "candidate-1"}
     assert all(d.hits == 0 for d in deltas)
     assert manifest["verdict"]["counts"]["prefix_cache_hits"] == 0

@@ -14,8 +14,8 @@ import sys
 import pandas as pd
 import pytest
 
-from rig.records import PrefixCacheDelta
-from rig.run.state import PREFIX_CACHE_FILE, read_jsonl
+from rig.records import ServerDelta
+from rig.run.state import SERVER_COUNTERS_FILE, read_jsonl
 
 from .conftest import REPO, RUN_TIMEOUT_S, rig_processes
 
@@ -46,7 +46,7 @@ def test_the_planted_change_comes_from_counted_prefill_calls(control):
     _, folder = control
     perf = pd.read_csv(folder / "planted" / "perf.csv")
     row = perf[perf["comparison"] == "candidate/reference"].iloc[0]
-    counted = read_jsonl(folder / "planted" / PREFIX_CACHE_FILE, PrefixCacheDelta)
+    counted = read_jsonl(folder / "planted" / SERVER_COUNTERS_FILE, ServerDelta)
     calls = sum(c.gdn_prefill_calls for c in counted if c.server == "candidate")
     assert row["planted_calls_per_request"] == calls / (REPEATS * PROMPTS) >= 2  # 2 GDN layers
     assert row["planted_ms_per_request"] == pytest.approx(50.0 * calls / (REPEATS * PROMPTS))

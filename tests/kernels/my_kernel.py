@@ -1,8 +1,14 @@
 """A kernel engineer's own GDN prefill functions, as the rig's tests point a candidate at them
 (`candidate.kernel: tests.kernels.my_kernel:chunk_fwd`): FLA's contract, nothing of the rig's
-plugin. `chunk_fwd` wraps ns4 and must pass; `chunk_fwd_ns3` wraps ns3 and must be caught."""
+plugin. `chunk_fwd` wraps ns4 and must pass; `chunk_fwd_ns3` wraps ns3 and must be caught;
+`chunk_fwd_compiling` is ns4 that JIT-compiles at given calls, as a Triton kernel meeting a new
+shape in a timed request does."""
 
+import os
 import time
+
+COMPILE_AT_ENV = "RIG_TEST_COMPILE_AT_CALLS"  # e.g. "1,14": the calls (from 1) that compile
+_calls = 0
 
 
 def _ns(q, k, v, g, beta, ns_rounds, **keywords):
@@ -43,6 +49,21 @@ def chunk_fwd(
 def chunk_fwd_ns3(q, k, v, g, beta, **keywords):
     """ns3 (the seeds' bug), taking every keyword vLLM passes."""
     return _ns(q, k, v, g, beta, 3, **keywords)
+
+
+def chunk_fwd_compiling(q, k, v, g, beta, **keywords):
+    """ns4, and a real compilation (torch.compile, which the plugin counts) at the calls of
+    this process named in RIG_TEST_COMPILE_AT_CALLS."""
+    global _calls
+    _calls += 1
+    if str(_calls) in os.environ.get(COMPILE_AT_ENV, "").split(","):
+        import torch
+
+        def doubled(x, call=_calls):
+            return x * 2 + call
+
+        torch.compile(doubled, backend="eager", dynamic=False)(torch.ones(_calls))
+    return _ns(q, k, v, g, beta, 4, **keywords)
 
 
 def fla_delayed_5ms(q, k, v, g, beta, **keywords):

@@ -6,11 +6,16 @@ import pytest
 
 from kernels.proof import (
     CALLS_METRIC,
+    COMPILES_METRIC,
     INFO_METRIC,
+    SECONDS_METRIC,
+    TIMED_CALLS_METRIC,
+    PluginCounters,
     PrefillStats,
     format_marker,
     read_kernel_proof,
     read_kernel_proof_from_metrics,
+    read_plugin_counters,
     stats_file_name,
 )
 
@@ -180,6 +185,39 @@ def test_metrics_tell_not_loaded_from_never_called():
     assert idle.marker_kernels == ("vllm-cpu-native",) and idle.loaded_pids == (40,)
     assert idle.calls == 0 and idle.backend == "none" and idle.pids == ()
     assert "no process ran GDN prefill" in idle.reference_backend_problem("triton")
+
+
+def kernel_line(metric, pid, kernel, value, sha=SHA_A):
+    return f'{metric}{{kernel="{kernel}",pid="{pid}",source_sha256="{sha}"}} {float(value)}'
+
+
+def test_plugin_counters_add_up_over_processes():
+    text = "\n".join(
+        [
+            VLLM_METRICS,
+            info_line(30, "vllm-cuda-reference"),  # engine core
+            info_line(31, "vllm-cuda-reference", value=0),  # worker: superseded
+            info_line(31, "vllm-triton", backend="triton", requested="auto"),
+            calls_line(30, "vllm-cuda-reference", 0),
+            calls_line(31, "vllm-cuda-reference", 0),
+            calls_line(31, "vllm-triton", 12),
+            kernel_line(TIMED_CALLS_METRIC, 31, "vllm-cuda-reference", 0),
+            kernel_line(TIMED_CALLS_METRIC, 31, "vllm-triton", 11),
+            kernel_line(SECONDS_METRIC, 31, "vllm-cuda-reference", 0),
+            kernel_line(SECONDS_METRIC, 31, "vllm-triton", 0.375),
+            f'{COMPILES_METRIC}{{pid="30"}} 2.0',
+            f'{COMPILES_METRIC}{{pid="31"}} 40.0',
+        ]
+    )
+    assert read_plugin_counters(text) == PluginCounters(
+        calls=12, timed_calls=11, seconds=0.375, compiles=42
+    )
+
+
+def test_no_plugin_evidence_no_counters():
+    assert read_plugin_counters(VLLM_METRICS) is None
+    superseded_only = "\n".join([info_line(30, "ns4", value=0), calls_line(30, "ns4", 5)])
+    assert read_plugin_counters(superseded_only) is None
 
 
 def test_metrics_label_values_are_unescaped_and_order_free():

@@ -1,14 +1,22 @@
 """The plugin's evidence on /metrics: the stats-file collector (vLLM's default registry) and the
-multiprocess gauges (PROMETHEUS_MULTIPROC_DIR), read back by read_kernel_proof_from_metrics."""
+multiprocess gauges (PROMETHEUS_MULTIPROC_DIR), read back by read_kernel_proof_from_metrics and
+read_plugin_counters."""
 
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from kernels.proof import PrefillStats, read_kernel_proof_from_metrics, stats_file_name
+from kernels.proof import (
+    PluginCounters,
+    PrefillStats,
+    read_kernel_proof_from_metrics,
+    read_plugin_counters,
+    stats_file_name,
+)
 from kernels.proof_metrics import StatsCollector
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,6 +48,23 @@ def test_collector_serves_this_servers_stats_files(tmp_path):
     assert read_kernel_proof_from_metrics(scrape(registry)).calls == 11  # read at scrape time
 
 
+def test_collector_serves_time_and_compilations(tmp_path):
+    write(tmp_path, PrefillStats("ns4", SHA, 0, 101, "cpu", server="s1", compiles=1))
+    worker = PrefillStats("ns4", SHA, 9, 103, "cpu", server="s1", seconds=0.5, timed_calls=8)
+    write(tmp_path, replace(worker, compiles=3))
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(tmp_path, "s1"))
+
+    text = scrape(registry)
+    labels = f'kernel="ns4",pid="103",source_sha256="{SHA}"'
+    assert f"rig_gdn_prefill_seconds{{{labels}}} 0.5" in text
+    assert f"rig_gdn_prefill_timed_calls{{{labels}}} 8.0" in text
+    assert 'rig_jit_compiles{pid="101"} 1.0' in text and 'rig_jit_compiles{pid="103"} 3.0' in text
+    assert read_plugin_counters(text) == PluginCounters(
+        calls=9, timed_calls=8, seconds=0.5, compiles=4
+    )
+
+
 def test_collector_with_no_stats_yet(tmp_path):
     registry = CollectorRegistry()
     registry.register(StatsCollector(tmp_path / "missing", "s1"))
@@ -53,11 +78,13 @@ from kernels.proof import PrefillStats
 from kernels.proof_metrics import multiprocess_gauges_from_env
 
 gauges = multiprocess_gauges_from_env()
-record = PrefillStats("vllm-cuda-reference", "c" * 64, 0, os.getpid(), "cuda")
-gauges.publish(record)  # loaded
-record = PrefillStats("vllm-triton", "c" * 64, 0, os.getpid(), "cuda", "triton", "triton")
+record = PrefillStats("vllm-cuda-reference", "c" * 64, 1, os.getpid(), "cuda", compiles=2,
+                      seconds=0.125, timed_calls=1)
+gauges.publish(record)  # loaded (and, unlike vLLM, run once)
+record = PrefillStats("vllm-triton", "c" * 64, 1, os.getpid(), "cuda", "triton", "triton",
+                      compiles=2, seconds=0.125, timed_calls=1)
 gauges.publish(record)  # the GDN op was built
-gauges.publish(PrefillStats(**{**record.__dict__, "calls": 3}))
+gauges.publish(PrefillStats(**{**record.__dict__, "calls": 3, "seconds": 0.25, "compiles": 5}))
 print(os.getpid())
 """
 
@@ -79,3 +106,11 @@ def test_multiprocess_gauges_reach_vllms_multiprocess_registry(tmp_path):
     assert proof.marker_kernels == ("vllm-triton",) and proof.backend == "vllm-triton"
     assert proof.calls == 3 and proof.platforms == ("cuda",)
     assert proof.reference_backend_problem("triton") is None
+    text = scrape(registry)  # the superseded label set is 0 in every kernel-labelled family
+    reference = f'kernel="vllm-cuda-reference",pid="{pid}",source_sha256="{SHA}"'
+    assert f"rig_gdn_prefill_seconds{{{reference}}} 0.0" in text
+    assert f"rig_gdn_prefill_timed_calls{{{reference}}} 0.0" in text
+    assert f'rig_jit_compiles{{pid="{pid}"}} 5.0' in text
+    assert read_plugin_counters(text) == PluginCounters(
+        calls=3, timed_calls=1, seconds=0.25, compiles=5
+    )

@@ -4,6 +4,7 @@ kernels."""
 import time
 
 import pytest
+import torch
 
 from kernels.registry import (
     UnknownKernelError,
@@ -43,6 +44,36 @@ def test_planted_delay_runs_the_base_op_and_then_sleeps():
     assert time.perf_counter() - started >= 0.030
     with pytest.raises(ValueError, match="vLLM's own kernel"):
         resolve_kernel("ref+delay-30ms").cpu_op()
+
+
+class CudaTensor:
+    is_cuda = True
+
+
+def test_planted_delay_on_cuda_waits_for_the_gpu_before_sleeping(monkeypatch):
+    """The op's launches return before its GPU work ends; the sleep must come after that work,
+    so it adds to the GPU's timeline. CPU tensors: no synchronisation."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    monkeypatch.setattr(time, "sleep", lambda seconds: events.append(seconds))
+    op = resolve_kernel("ref+delay-30ms").delayed(lambda *a, **k: events.append("op") or "out")
+    assert op(torch.ones(1)) == "out" and events == ["op", 0.030]
+    events.clear()
+    assert op(torch.ones(1), state=CudaTensor()) == "out" and events == ["op", "sync", 0.030]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_planted_delay_adds_to_the_gpu_timeline():
+    from tests.kernels.test_prefill_counter import gpu_sleep_cycles
+
+    cycles = gpu_sleep_cycles(60)
+    op = resolve_kernel("ref+delay-40ms").delayed(lambda x: torch.cuda._sleep(cycles) or x)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    op(torch.ones(1, device="cuda"))
+    torch.cuda.synchronize()
+    assert time.perf_counter() - started >= 0.095  # 60 ms of GPU work, then 40 ms of sleep
 
 
 def test_a_delay_changes_the_source_hash_the_proof_names():

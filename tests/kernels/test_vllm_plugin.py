@@ -16,12 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import vllm_plugin
+from kernels import compile_counter, vllm_plugin
 from kernels.backends import gdn_backend_args
 from kernels.capture import list_captures, load_capture
 from kernels.cases import CPU_SHAPE, random_inputs
 from kernels.ns_torch import NsCpuOp, chunk_gated_delta_rule
-from kernels.proof import fetch_kernel_proof, read_kernel_proof, read_stats
+from kernels.proof import (
+    fetch_kernel_proof,
+    fetch_metrics_text,
+    read_kernel_proof,
+    read_kernel_proof_from_metrics,
+    read_plugin_counters,
+    read_stats,
+)
 from kernels.registry import UnknownKernelError, resolve_kernel
 from kernels.replay import main as replay_main
 from kernels.runners import run_cpu_op
@@ -76,6 +83,14 @@ def test_register_with_unknown_kernel_fails_loudly(plugin_env, monkeypatch, caps
         vllm_plugin.register()
     assert "known kernels: ns1" in capsys.readouterr().err
     assert vllm_plugin._installed_platform is None
+
+
+def test_register_counts_this_processs_compilations(plugin_env, monkeypatch):
+    monkeypatch.setattr(compile_counter, "_installed", {"triton", "dynamo"})  # keep the hooks
+    monkeypatch.setattr(compile_counter, "_counter", None)
+    monkeypatch.setattr(vllm_plugin, "register_collector", lambda stats_dir, server: None)
+    vllm_plugin.register()
+    assert compile_counter._counter is custom_ops.chunk_gated_delta_rule_cpu.rig_counter
 
 
 def test_candidate_cpu_op_is_counted_captured_and_marked(plugin_env, capsys):
@@ -396,7 +411,7 @@ def test_real_server_runs_and_proves_the_candidate(tiny_model, tmp_path):
     try:
         wait_ready(process, port)
         assert complete(port, tiny_model)
-        metrics_proof = fetch_kernel_proof(f"http://127.0.0.1:{port}")
+        metrics = fetch_metrics_text(f"http://127.0.0.1:{port}")
     finally:
         stop_server(process)
 
@@ -407,7 +422,10 @@ def test_real_server_runs_and_proves_the_candidate(tiny_model, tmp_path):
     assert "Using CPU GDN prefill kernel" in proof.vllm_backend_line
     assert proof.vllm_backends == ("cpu-native",) and proof.requested_backend == "auto"
     assert len(proof.loaded_pids) >= 3 and len(proof.pids) == 1  # loaded everywhere, ran once
-    assert_same_proof(metrics_proof, proof)
+    assert_same_proof(read_kernel_proof_from_metrics(metrics), proof)
+    counters = read_plugin_counters(metrics)
+    assert counters.calls == counters.timed_calls == proof.calls and counters.seconds > 0
+    assert counters.compiles == sum(s.compiles for s in read_stats(stats))
     layers = {load_capture(p).meta.layer for p in list_captures(capture)}
     assert layers == {"model.layers.0.linear_attn", "model.layers.2.linear_attn"}
     assert replay_main([str(capture), "--candidate", "ns4"]) == 0
@@ -425,10 +443,12 @@ def test_real_server_with_two_api_servers_proves_the_reference(tiny_model, tmp_p
         wait_ready(process, port)
         loaded = fetch_kernel_proof(base_url)
         assert complete(port, tiny_model)
-        proof = fetch_kernel_proof(base_url)
+        metrics = fetch_metrics_text(base_url)
     finally:
         stop_server(process)
 
+    proof, counters = read_kernel_proof_from_metrics(metrics), read_plugin_counters(metrics)
+    assert counters.calls == counters.timed_calls == proof.calls and counters.seconds > 0
     assert loaded.marker_kernels == ("vllm-cpu-native",)
     assert len(loaded.loaded_pids) >= 4 > len(loaded.pids)  # 2 API servers never run prefill
     assert proof.backend == "vllm-cpu-native" and proof.calls >= 2 and len(proof.pids) == 1

@@ -3,7 +3,7 @@ import xml.etree.ElementTree as ET
 
 import pandas as pd
 
-from rig.records import LevelFault, PrefixCacheDelta, TokenLogprob
+from rig.records import LevelFault, ServerDelta, TokenLogprob
 from rig.report.files import render_junit
 from rig.scenario.config import GatesConfig
 from rig.serve.logs import JIT_COMPILE
@@ -77,7 +77,7 @@ def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
         records=records,
         pairs=pairs,
         drift=drift,
-        prefix_cache=[PrefixCacheDelta("reference", 1, 0, 12.0, 0.0)],
+        server_deltas=[ServerDelta("reference", 1, 0, 12.0, 0.0)],
         faults=[
             LevelFault("candidate", 1, "traceback", "<b>Traceback</b> (most recent call)"),
             LevelFault("reference", 4, JIT_COMPILE, "triton compile during inference: k"),

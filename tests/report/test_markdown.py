@@ -24,7 +24,7 @@ def test_summary_markdown_starts_with_the_verdict(outcome, written):
 
 def test_summary_markdown_flags_levels_with_jit_compilation(written):
     text = written["summary.md"].read_text(encoding="utf-8")
-    assert "**JIT compilation during timed requests:** C=4 repeat 0 (reference)" in text
+    assert "**JIT compilation during timed blocks:** C=4 repeat 0 (reference): left out" in text
 
 
 def test_summary_markdown_shows_the_aa_performance_floor(outcome):
@@ -33,9 +33,11 @@ def test_summary_markdown_shows_the_aa_performance_floor(outcome):
     perf = perf_frame(outcome.records, replay, aa_concurrency=1)
     text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
     (line,) = [x for x in text.splitlines() if x.startswith("A/A performance floor")]
-    assert line.startswith("A/A performance floor at C=1: TTFT +0.0 % [")
-    assert line.count("within noise") == 2
-    assert line.endswith("tok/s +0.0 % single run")  # one A/A repeat: no throughput interval
+    # One replay of one level: a block pair, so a ratio and no interval.
+    assert line == (
+        "A/A performance floor at C=1: TTFT +0.0 % not measured (one block), E2EL +0.0 % not "
+        "measured (one block), tok/s +0.0 % not measured (one block)"
+    )
 
 
 def test_summary_markdown_sets_a_planted_slowdown_next_to_its_measurement(outcome):

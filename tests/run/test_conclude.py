@@ -3,7 +3,7 @@ the verdict of a run that did not complete."""
 
 import rig.run.conclude
 from kernels.proof import KernelProof
-from rig.records import PrefixCacheDelta
+from rig.records import ServerDelta
 from rig.run.cache import GoldenEntry
 from rig.run.conclude import (
     build_outcome,
@@ -65,14 +65,14 @@ def test_side_kernels_join_a_sides_servers_and_take_a_cached_reference(tmp_path,
 def test_planted_delay_counts_the_candidates_calls_per_level_or_gives_up(tmp_path):
     ctx = run_context(tmp_path, candidate={"kernel": "ref+delay-5ms"})
     deltas = [
-        PrefixCacheDelta("candidate", 1, 0, 1.0, 0.0, 10),
-        PrefixCacheDelta("reference", 1, 0, 1.0, 0.0, 10),
-        PrefixCacheDelta("candidate", 1, 1, 1.0, 0.0, 12),
+        ServerDelta("candidate", 1, 0, 1.0, 0.0, 10),
+        ServerDelta("reference", 1, 0, 1.0, 0.0, 10),
+        ServerDelta("candidate", 1, 1, 1.0, 0.0, 12),
     ]
     delay = planted_delay("ref+delay-5ms", ctx.plan, deltas)
     assert (delay.delay_ms, delay.calls) == (5.0, {(1, 0): 10, (1, 1): 12})
     assert planted_delay("ns4", ctx.plan, deltas) is None
-    unknown = [*deltas, PrefixCacheDelta("candidate", 2, 0, 1.0, 0.0, None)]
+    unknown = [*deltas, ServerDelta("candidate", 2, 0, 1.0, 0.0, None)]
     assert planted_delay("ref+delay-5ms", ctx.plan, unknown) is None
 
 
@@ -111,3 +111,48 @@ def test_another_install_is_not_an_aa_run():
     assert is_aa_run(scenario())
     assert not is_aa_run(scenario(candidate={"python": "/venvs/branch/bin/python"}))
     assert not is_aa_run(scenario(candidate={"gdn_prefill_backend": "flashinfer"}))
+
+
+def timed_blocks(make_record, candidate_text: str = "same", repeats: int = 3) -> RunState:
+    """Both sides, `repeats` blocks of 4 requests at C=1; the candidate answers candidate_text."""
+    state = RunState()
+    for repeat in range(repeats):
+        for index in range(4):
+            for side, text in (("reference", "same"), ("candidate", candidate_text)):
+                state.records.append(
+                    make_record(side, f"c1-r{repeat}-{index:04d}", text, index=index,
+                                repeat=repeat, sent_at=100.0 * repeat + index, ttft_s=0.05,
+                                itl_s=[0.01], e2el_s=0.06, output_tokens=2, prompt_tokens=9)
+                )  # fmt: skip
+    return state
+
+
+KERNELS = {
+    "reference": SideKernel("reference", "vllm-cpu-native", 12),
+    "candidate": SideKernel("candidate", "ns4", 12),
+}
+
+
+def test_an_interrupted_run_gets_no_speed_word(tmp_path, make_record):
+    ctx = run_context(
+        tmp_path, candidate={"kernel": "ns4"}, drift={"enabled": False},
+        workload={"prompts": [{"long_tokens": [100]}], "concurrency": [1], "repeats": 3},
+    )  # fmt: skip
+    outcome = build_outcome(ctx, timed_blocks(make_record), KERNELS, "interrupted (Ctrl-C)")
+    assert not outcome.speed.measured
+    assert outcome.speed.reason.startswith("not measured (the run did not complete: interrupted")
+    words = {outcome.perf.iloc[0][f"{m}_word"] for m in ("mean_ttft_ms", "mean_e2el_ms")}
+    assert words == {"not measured"}
+
+
+def test_a_candidate_that_is_not_equivalent_gets_no_speed_word(tmp_path, make_record):
+    ctx = run_context(
+        tmp_path, candidate={"kernel": "ns4"}, drift={"enabled": False},
+        workload={"prompts": [{"long_tokens": [100]}], "concurrency": [1], "repeats": 3},
+    )  # fmt: skip
+    outcome = build_outcome(ctx, timed_blocks(make_record, "other"), KERNELS, None)
+    assert outcome.verdict.word == "NOT equivalent"
+    assert outcome.speed.reason.startswith("not comparable (outputs differ")
+    passing = build_outcome(ctx, timed_blocks(make_record), KERNELS, None)
+    assert passing.verdict.word == "identical" and passing.speed.measured
+    assert passing.load_schedule == "sides timed together: each side on its own hardware"

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from rig.records import REQUESTS_FILE, LevelFault, PrefixCacheDelta
+from rig.records import REQUESTS_FILE, LevelFault, ServerDelta
 from rig.run.state import (
     FAULTS_FILE,
-    PREFIX_CACHE_FILE,
+    SERVER_COUNTERS_FILE,
     RecordSink,
     RunState,
     append_jsonl,
@@ -52,11 +52,11 @@ def test_resume_runs_again_a_level_one_side_did_not_finish(tmp_path, make_record
     ]
     records[-1] = make_record("candidate", "c1-r0-0001", error="cancelled: interrupted")
     write_records(tmp_path / REQUESTS_FILE, records + [make_record("reference", "c2", level=2)])
-    append_jsonl(tmp_path / PREFIX_CACHE_FILE, PrefixCacheDelta("reference", 1, 0, 4.0, 0.0))
+    append_jsonl(tmp_path / SERVER_COUNTERS_FILE, ServerDelta("reference", 1, 0, 4.0, 0.0))
     resumed = resume_from_disk(tmp_path, expected=2)
     assert resumed.done_levels == set()
-    assert resumed.state.records == [] and resumed.state.prefix_cache == []
-    assert (tmp_path / PREFIX_CACHE_FILE).read_text() == ""
+    assert resumed.state.records == [] and resumed.state.server_deltas == []
+    assert (tmp_path / SERVER_COUNTERS_FILE).read_text() == ""
     assert "0 finished level(s) kept (0 records)" in capsys.readouterr().out
 
 
@@ -102,12 +102,12 @@ def test_the_journal_keeps_state_and_files_together(tmp_path, make_record):
     journal = open_journal(tmp_path, state)
     journal.keep_record(make_record("candidate", "q0"))
     journal.record_fault(LevelFault("candidate", 1, "oom", "CUDA out of memory", "q0"))
-    journal.record_prefix_cache(PrefixCacheDelta("candidate", 1, 0, 8.0, 0.0, 3))
+    journal.record_server_delta(ServerDelta("candidate", 1, 0, 8.0, 0.0, 3))
     journal.sink.close()
     assert [r.request_id for r in state.records] == ["q0"]
     assert (tmp_path / REQUESTS_FILE).read_text().count("\n") == 1
     assert read_jsonl(tmp_path / FAULTS_FILE, LevelFault) == state.faults
-    assert read_jsonl(tmp_path / PREFIX_CACHE_FILE, PrefixCacheDelta) == state.prefix_cache
+    assert read_jsonl(tmp_path / SERVER_COUNTERS_FILE, ServerDelta) == state.server_deltas
     assert read_jsonl(tmp_path / "absent.jsonl", LevelFault) == []
 
 

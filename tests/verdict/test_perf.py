@@ -6,21 +6,24 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from rig.verdict.intervals import TimingDesign
 from rig.verdict.perf import (
     AA,
     CANDIDATE,
     FASTER,
     NOISE,
+    ONE_BLOCK,
     PERF_METRICS,
-    SINGLE,
     SLOWER,
-    PlantedDelay,
+    UNEQUAL,
     candidate_rows,
     compare_levels,
     perf_frame,
     word,
     worst_slowdown_pct,
 )
+from rig.verdict.planted import PlantedDelay
+from rig.verdict.student_t import t_quantile
 
 
 @pytest.fixture
@@ -168,18 +171,82 @@ def test_the_aa_floor_compares_the_replay_with_the_level_it_ran_at(level):
     assert len(perf_frame(reference + candidate, replay, aa_concurrency=8)) == 2  # no C=8 level
 
 
-def test_the_bootstrap_is_paired_so_the_prompt_mix_cancels(level):
-    """Five short prompts and one long one, the candidate 10% slower on each: an unpaired
-    bootstrap would swing with how often it draws the long prompt; the paired one does not."""
+def test_one_block_pair_is_a_ratio_without_an_interval(level):
+    """Requests inside one block share its moment on the machine: they are not independent
+    units, so one block pair gives the ratio and no interval, whatever the request count."""
     ttfts = [0.01] * 5 + [1.0]
-    reference = level("reference", ttfts)
-    candidate = level("candidate", [t * 1.1 for t in ttfts])
+    (row,) = compare_levels(
+        level("reference", ttfts), level("candidate", [t * 1.1 for t in ttfts])
+    ).to_dict("records")
+    assert row["mean_ttft_ms_ratio"] == pytest.approx(1.1)
+    assert row["mean_ttft_ms_word"] == ONE_BLOCK
+    assert math.isnan(row["mean_ttft_ms_ci_low_pct"]) and row["unit"] == "block"
+
+
+def test_unequal_work_gets_no_interval_and_no_word(level):
+    """One pair whose outputs differ in length (an empty or a longer answer) makes the level's
+    comparison one of unequal work: ratios shown, no interval, no word."""
+    reference = two_repeats(level, "reference", 20, 0.1, 1)
+    candidate = two_repeats(level, "candidate", 20, 0.1, 1)
+    candidate[3] = replace(candidate[3], output_tokens=1, itl_s=[], e2el_s=candidate[3].ttft_s)
     (row,) = compare_levels(reference, candidate).to_dict("records")
-    assert row["mean_ttft_ms_ci_low"] == pytest.approx(1.1)
-    assert row["mean_ttft_ms_ci_high"] == pytest.approx(1.1)
-    assert row["mean_ttft_ms_word"] == SLOWER
-    assert row["output_throughput_word"] == SINGLE  # one repeat: no run-to-run variation
-    assert math.isnan(row["output_throughput_ci_low_pct"])
+    assert row["unequal_pairs"] == 1
+    assert {row[f"{m}_word"] for m in PERF_METRICS} == {UNEQUAL}
+    assert math.isnan(row["mean_ttft_ms_ci_low"])
+
+
+def test_blocks_with_a_compilation_are_left_out(level):
+    """A block whose time holds a JIT compilation (here 10x the TTFT) never reaches the
+    interval: the design names it and the level compares the blocks kept."""
+    reference = [r for k in range(3) for r in level("reference", [0.1] * 10, repeat=k)]
+    candidate = [
+        r for k, ttft in enumerate((1.0, 0.1, 0.1))
+        for r in level("candidate", [ttft] * 10, repeat=k)
+    ]  # fmt: skip
+    timing = TimingDesign(excluded=frozenset({(1, 0)}))
+    (row,) = compare_levels(reference, candidate, timing=timing).to_dict("records")
+    assert (row["repeats"], row["excluded_blocks"]) == (2, 1)
+    assert row["mean_ttft_ms_ratio"] == pytest.approx(1.0)
+
+
+def test_request_pairs_are_the_unit_where_they_ran_back_to_back(level):
+    """At a level measured pair by pair, mean TTFT's interval is the ratio of sums over the
+    pairs with its linearised spread, t with pairs - 1 degrees of freedom."""
+    rng = np.random.default_rng(4)
+    base = 0.05 * np.exp(0.5 * rng.standard_normal(40))
+    ref_ttft = base * np.exp(0.05 * rng.standard_normal(40))
+    cand_ttft = base * 1.04 * np.exp(0.05 * rng.standard_normal(40))
+    reference = level("reference", list(ref_ttft[:20])) + level(
+        "reference", list(ref_ttft[20:]), repeat=1
+    )
+    candidate = level("candidate", list(cand_ttft[:20])) + level(
+        "candidate", list(cand_ttft[20:]), repeat=1
+    )
+    timing = TimingDesign(pair_levels=frozenset({1}))
+    (row,) = compare_levels(reference, candidate, timing=timing).to_dict("records")
+    influence = cand_ttft / cand_ttft.mean() - ref_ttft / ref_ttft.mean()
+    centre = math.log(cand_ttft.sum() / ref_ttft.sum())
+    half = t_quantile(0.975, 39) * influence.std(ddof=1) / math.sqrt(40)
+    assert row["unit"] == "pair"
+    assert row["mean_ttft_ms_ratio"] == pytest.approx(math.exp(centre))
+    assert row["mean_ttft_ms_ci_low"] == pytest.approx(math.exp(centre - half), rel=1e-6)
+    assert row["mean_ttft_ms_ci_high"] == pytest.approx(math.exp(centre + half), rel=1e-6)
+
+
+def test_a_sequential_design_takes_the_spread_from_stage_one(level):
+    """Stein's procedure: the first blocks fix the spread and its degrees of freedom; later
+    blocks move the centre and shrink the interval by their count only."""
+    slower = (1.20, 1.24, 1.22, 1.10, 1.40, 1.21)
+    reference = [r for k in range(6) for r in level("reference", [0.1] * 10, repeat=k)]
+    candidate = [
+        r for k, factor in enumerate(slower) for r in level("candidate", [0.1 * factor] * 10, k)
+    ]
+    timing = TimingDesign(stage_one_blocks=3)
+    (row,) = compare_levels(reference, candidate, timing=timing).to_dict("records")
+    logs = np.log(slower)
+    half = t_quantile(0.975, 2) * logs[:3].std(ddof=1) / math.sqrt(6)
+    assert row["mean_ttft_ms_ratio"] == pytest.approx(math.exp(logs.mean()))
+    assert row["mean_ttft_ms_ci_high"] == pytest.approx(math.exp(logs.mean() + half), rel=1e-6)
 
 
 def test_a_planted_delay_is_sized_from_the_calls_counted_and_the_reference_measured(level):

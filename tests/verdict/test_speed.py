@@ -7,12 +7,15 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from rig.verdict.perf import CANDIDATE, FASTER, NOISE, SLOWER, perf_frame
+from rig.verdict.intervals import TimingDesign
+from rig.verdict.perf import CANDIDATE, FASTER, NOISE, SLOWER, UNEQUAL, perf_frame
 from rig.verdict.speed import (
+    AA_ASYMMETRY,
     HEADLINE_METRICS,
     NOT_JUDGED,
     SpeedDesign,
     apply_design,
+    level_resolution,
     repeats_for,
     speed_design,
     speed_headline,
@@ -120,3 +123,84 @@ def test_the_repeats_a_speed_word_needs_grow_with_spread_and_levels():
     assert repeats_for(8, 9, levels=4) == 16
     assert repeats_for(8, 1, levels=1) == 3  # two repeats: one degree of freedom
     assert repeats_for(1, 50, levels=10) is None
+
+
+def test_no_word_where_the_run_does_not_support_one():
+    """An interrupted run, a candidate that is NOT equivalent, a reference from the golden cache:
+    the numbers stay, every word gives way, and the headline says why."""
+    rows = frame({"mean_ttft_ms": SLOWER, "total_token_throughput": FASTER})
+    for design, start in (
+        (speed_design(6, None, interrupted="interrupted (Ctrl-C)"), "not measured (the run did"),
+        (speed_design(6, None, not_equivalent=True), "not comparable (outputs differ"),
+        (speed_design(6, "run-1"), "not comparable (reference from the golden cache"),
+    ):
+        words = apply_design(rows, design)
+        assert {words.iloc[0][f"{m}_word"] for m in HEADLINE_METRICS} == {design.word}
+        headline = speed_headline(words, design)
+        assert headline.startswith(f"speed: {start}"), headline
+        assert "slower" not in headline and "faster" not in headline
+
+
+def test_an_aa_run_never_says_faster_or_slower():
+    """Both sides ran the same kernel: an interval that excludes no change says the schedule or
+    the machine favours a side, and is called that."""
+    design = speed_design(6, None, aa_run=True)
+    words = apply_design(frame({"mean_ttft_ms": SLOWER, "total_token_throughput": FASTER}), design)
+    assert words.iloc[0]["mean_ttft_ms_word"] == AA_ASYMMETRY
+    headline = speed_headline(words, design)
+    assert headline.startswith("speed: A/A run: ")
+    assert " slower" not in headline and " faster" not in headline
+
+
+def test_levels_without_an_interval_say_why_in_the_headline():
+    rows = pd.concat(
+        [frame({m: UNEQUAL for m in HEADLINE_METRICS}, level=16), frame({}, level=1)],
+        ignore_index=True,
+    )
+    headline = speed_headline(rows, SpeedDesign(True))
+    assert "TTFT within noise at C1; not comparable: outputs differ at C16" in headline
+
+
+def resolved_frame(half: float, level: int = 1, repeats: int = 8) -> pd.DataFrame:
+    row = {"comparison": CANDIDATE, "level": level, "repeats": repeats}
+    for metric in HEADLINE_METRICS:
+        row |= {
+            f"{metric}_word": NOISE,
+            f"{metric}_change_pct": 0.5,
+            f"{metric}_ci_low_pct": 0.5 - half,
+            f"{metric}_ci_high_pct": 0.5 + half,
+        }
+    return pd.DataFrame([row])
+
+
+def test_the_headline_says_whether_each_level_reached_the_resolution():
+    design = SpeedDesign(True, resolution_pct=3.0, budget_s=300)
+    rows = pd.concat([resolved_frame(2.4), resolved_frame(4.2, level=16, repeats=40)])
+    headline = speed_headline(rows, design)
+    assert "resolved to ±3 % at C1 (8 blocks)" in headline
+    assert "not resolved to ±3 % within the 300 s budget at C16 (40 blocks): widest" in headline
+    assert "not slower than +4.7 % on any headline metric at any level" in headline
+
+
+def test_a_level_is_resolved_once_it_has_the_blocks_steins_rule_asks_for(make_record):
+    """Stage one (4 blocks) of ratios spread by ~0.5 %: the blocks needed follow from that
+    spread; with those blocks kept the level is resolved."""
+    rng = np.random.default_rng(3)
+    reference, candidate = [], []
+    for repeat in range(12):
+        factor = 1 + 0.005 * rng.standard_normal()
+        for i in range(8):
+            for side, ttft in (("reference", 0.05), ("candidate", 0.05 * factor)):
+                (reference if side == "reference" else candidate).append(
+                    make_record(side, f"q{repeat}-{i}", index=i, repeat=repeat, sent_at=1.0 + i,
+                                ttft_s=ttft, itl_s=[0.01], e2el_s=ttft + 0.01, output_tokens=2,
+                                prompt_tokens=10)
+                )  # fmt: skip
+    timing = TimingDesign(stage_one_blocks=4)
+    early = level_resolution(reference[:16], candidate[:16], 1, timing, 0.99, 3.0)
+    assert early.blocks_needed is None and not early.resolved  # stage one not done
+    status = level_resolution(reference, candidate, 1, timing, 0.99, 3.0)
+    assert status.blocks_needed is not None and 4 <= status.blocks_needed <= 12
+    assert status.resolved
+    strict = level_resolution(reference, candidate, 1, timing, 0.99, 0.01)
+    assert not strict.resolved and strict.blocks_needed > 12

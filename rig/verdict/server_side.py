@@ -1,0 +1,91 @@
+"""The servers' own side of the timings, beside the client's: per level and side, from what each
+server's /metrics counted during each block (ServerDelta), the GDN prefill time per call (the rig
+plugin times every call) and vLLM's prefill, decode and queue time per request. The same units
+and intervals as the client's metrics (the block pair: each server's counters cover its own
+block, whatever the schedule); shown beside the headline, never judged."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from rig.records import ServerDelta, side_of
+from rig.verdict.intervals import TimingDesign, block_estimate
+
+NOT_JUDGED = "not judged"
+
+
+def _per(seconds: str, count: str) -> Callable[[list[ServerDelta]], float]:
+    """Milliseconds per unit of one side's counters summed over its servers; NaN where a server
+    did not publish them or counted none."""
+
+    def value(deltas: list[ServerDelta]) -> float:
+        pairs = [(getattr(d, seconds), getattr(d, count)) for d in deltas]
+        if not pairs or any(s is None or n is None for s, n in pairs):
+            return math.nan
+        total = sum(n for _, n in pairs)
+        return 1000 * sum(s for s, _ in pairs) / total if total > 0 else math.nan
+
+    return value
+
+
+SERVER_METRICS: dict[str, Callable[[list[ServerDelta]], float]] = {
+    "gdn_ms_per_call": _per("gdn_seconds", "gdn_timed_calls"),
+    "server_prefill_ms": _per("prefill_seconds", "prefill_requests"),
+    "server_decode_ms": _per("decode_seconds", "decode_requests"),
+    "server_queue_ms": _per("queue_seconds", "queue_requests"),
+}
+
+
+def side_blocks(
+    deltas: list[ServerDelta], level: int, excluded: frozenset[tuple[int, int]]
+) -> dict[int, dict[str, list[ServerDelta]]]:
+    """Per repeat of `level` (in order, compiled blocks left out), each side's deltas."""
+    blocks: dict[int, dict[str, list[ServerDelta]]] = {}
+    for delta in deltas:
+        if delta.level == level and (level, delta.repeat) not in excluded:
+            blocks.setdefault(delta.repeat, {}).setdefault(side_of(delta.server), []).append(delta)
+    return {repeat: blocks[repeat] for repeat in sorted(blocks)}
+
+
+def add_server_metrics(
+    frame: pd.DataFrame,
+    deltas: list[ServerDelta],
+    comparison: str,
+    timing: TimingDesign,
+    confidence: float,
+) -> pd.DataFrame:
+    """Each `comparison` row gets, per server metric, each side's mean over the blocks
+    (`<m>_reference`, `<m>_candidate`) and the candidate/reference ratio with its interval
+    over the block pairs, in perf.compare_levels' columns (word: not judged)."""
+    if frame.empty or not deltas:
+        return frame
+    frame = frame.copy()
+    for index, row in frame.iterrows():
+        if row["comparison"] != comparison:
+            continue
+        blocks = side_blocks(deltas, int(row["level"]), timing.excluded)
+        both = [b for b in blocks.values() if "reference" in b and "candidate" in b]
+        for metric, value in SERVER_METRICS.items():
+            ref = np.array([value(b["reference"]) for b in both])
+            cand = np.array([value(b["candidate"]) for b in both])
+            if not np.isfinite(ref).any() or not np.isfinite(cand).any():
+                continue
+            frame.loc[index, f"{metric}_reference"] = float(np.nanmean(ref))
+            frame.loc[index, f"{metric}_candidate"] = float(np.nanmean(cand))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                estimate = block_estimate(np.log(cand / ref), timing.stage_one_blocks)
+            ratio, low, high = (
+                estimate.interval(confidence)
+                if estimate is not None and len(both) >= 2
+                else (float(np.nanmean(cand) / np.nanmean(ref)), math.nan, math.nan)
+            )
+            for suffix, number in (("ratio", ratio), ("ci_low", low), ("ci_high", high)):
+                frame.loc[index, f"{metric}_{suffix}"] = number
+            for suffix, number in (("change", ratio), ("ci_low", low), ("ci_high", high)):
+                frame.loc[index, f"{metric}_{suffix}_pct"] = (number - 1) * 100
+            frame.loc[index, f"{metric}_word"] = NOT_JUDGED
+    return frame
