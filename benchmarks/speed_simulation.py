@@ -13,6 +13,8 @@ Designs (each row of the table):
   alternate, block units    one side at a time, ABBA; Stein's two-stage design to a resolution
   alternate, running spread the same, but stopping on the running spread (not Stein): why not
   pairs, pair units         C=1, each prompt to both sides back to back; Stein on pairs
+  Stein, budget             Stein's design whose budget often ends first (stage one's spread
+                            still: the coverage holds over all stage ones, not each)
 
     python benchmarks/speed_simulation.py [--trials 2000] [--confidence 0.95]
         [--resolution 3] [--effect 0]
@@ -118,16 +120,20 @@ def _pair_estimate(ref: np.ndarray, cand: np.ndarray, stage_one_blocks: int | No
     return pair_estimate(ratio, stage_one)
 
 
-def stein(ref, cand, confidence, resolution, unit: str):
+def stein(ref, cand, confidence, resolution, unit: str, budget: int = MOST_BLOCKS):
     """Stein's two-stage design: stage one's spread says how many blocks the asked-for
-    half-width needs; the interval over them keeps stage one's spread."""
+    half-width needs; the interval over them keeps stage one's spread, also where the budget
+    ends first (as the rig does: taking every block's spread there would under-cover)."""
     half, first = math.log1p(resolution / 100), STAGE_ONE_BLOCKS
     if unit == "pair":
         pairs_needed = _pair_estimate(ref[:first], cand[:first], None).units_for(half, confidence)
-        blocks = min(MOST_BLOCKS, max(first, math.ceil(pairs_needed / ref.shape[1])))
+        needed = max(first, math.ceil(pairs_needed / ref.shape[1]))
+        blocks = min(budget, needed)
         return _pair_estimate(ref[:blocks], cand[:blocks], first).interval(confidence), blocks
-    needed = block_estimate(block_logs(ref[:first], cand[:first])).units_for(half, confidence)
-    blocks = min(MOST_BLOCKS, max(first, needed))
+    needed = max(
+        first, block_estimate(block_logs(ref[:first], cand[:first])).units_for(half, confidence)
+    )
+    blocks = min(budget, needed)
     estimate = block_estimate(block_logs(ref[:blocks], cand[:blocks]), first)
     return estimate.interval(confidence), blocks
 
@@ -149,7 +155,9 @@ DESIGNS = {
     "alternate, block units (Stein)": (alternate, "stein-blocks"),
     "alternate, running spread": (alternate, "running-blocks"),
     "pairs, pair units (Stein)": (pairs, "stein-pairs"),
+    "alternate, Stein, budget of 10 blocks": (alternate, "stein-blocks-budget"),
 }
+BUDGET_BLOCKS = 10
 
 
 @dataclass(frozen=True)
@@ -183,7 +191,8 @@ def simulate(design: str, trials: int, confidence: float, resolution: float, eff
             interval, blocks = running_spread(ref, cand, confidence, resolution)
         else:
             unit = "pair" if judge == "stein-pairs" else "block"
-            interval, blocks = stein(ref, cand, confidence, resolution, unit)
+            budget = BUDGET_BLOCKS if judge.endswith("budget") else MOST_BLOCKS
+            interval, blocks = stein(ref, cand, confidence, resolution, unit, budget)
         _, low, high = interval
         outside += not (low <= effect <= high)
         widths.append(100 * (high - low) / 2)

@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rig.records import CompletionKey, LevelFault, ServerDelta, RequestRecord, TokenLogprob
+from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
 from rig.scenario.config import GatesConfig
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult

@@ -40,3 +40,8 @@ def test_steins_design_keeps_the_stated_rate_and_reaches_the_resolution():
 
 def test_a_planted_change_is_covered_as_often_as_no_change():
     assert rate("alternate, block units (Stein)", effect_pct=5).rate <= ALLOWED
+
+
+def test_steins_interval_keeps_the_rate_when_the_budget_ends_first():
+    rates = rate("alternate, Stein, budget of 10 blocks")
+    assert rates.rate <= ALLOWED and rates.mean_blocks <= 10

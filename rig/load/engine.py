@@ -176,7 +176,9 @@ def run_level(
     `isolation`: "process" drives each side from its own spawned process, "inline" all sides
     from one event loop in this process; "auto" takes processes when there are at least two
     cores per side (one for the side, one for what it talks to), because processes that
-    outnumber the cores leave sockets unread for whole scheduler slices.
+    outnumber the cores leave sockets unread for whole scheduler slices; one side alone (a
+    block of the alternating schedule) runs inline: it has no other side to be kept from, and a
+    spawned process costs a second or two per block.
 
     `on_record` runs in the caller's process as each record completes (warm-up records
     included, flagged `warmup`). Ctrl-C cancels the requests in flight (their records get a
@@ -199,7 +201,8 @@ def run_level(
 
     try:
         if isolation == "auto":
-            isolation = "process" if _cores() >= 2 * len(jobs) else "inline"
+            apart = len(jobs) > 1 and _cores() >= 2 * len(jobs)
+            isolation = "process" if apart else "inline"
         if isolation == "inline":
             _run_inline(jobs, concurrency, timeout_s, offsets, level_timeout_s, collect)
         else:

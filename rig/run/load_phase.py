@@ -57,6 +57,7 @@ def timing_design(ctx: RunContext, state_deltas, state_faults) -> TimingDesign:
         pair_levels=frozenset(schedule.pair_levels),
         excluded=frozenset(compiled),
         stage_one_blocks=workload.repeats if sequential else None,
+        resolution_pct=workload.speed_resolution_pct if sequential else None,
     )
 
 
@@ -307,7 +308,6 @@ def _more_blocks(ctx: RunContext, journal: RunJournal, level: int, deadline: flo
         level,
         timing,
         confidence,
-        workload.speed_resolution_pct,
     )
     needed = "?" if status.blocks_needed is None else status.blocks_needed
     target = f"±{workload.speed_resolution_pct:g} %"

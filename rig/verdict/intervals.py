@@ -108,8 +108,10 @@ def pair_estimate(ratio: SumRatio, stage_one_pairs: int | None = None) -> LogEst
 class TimingDesign:
     """How the load stage measured: the levels whose request pairs ran back to back (their
     unit is the pair), the blocks left out for a JIT compilation, and for a sequential design
-    the stage-one blocks that fix each interval's spread (None: a fixed number of blocks)."""
+    the stage-one blocks that fix each interval's spread and the half-width asked for (None: a
+    fixed number of blocks)."""
 
     pair_levels: frozenset[int] = frozenset()
     excluded: frozenset[tuple[int, int]] = frozenset()  # (level, repeat)
     stage_one_blocks: int | None = None
+    resolution_pct: float | None = None

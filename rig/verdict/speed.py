@@ -28,19 +28,17 @@ from rig.verdict.intervals import TimingDesign
 from rig.verdict.perf import (
     CANDIDATE,
     FASTER,
+    HEADLINE_METRICS,
     NOISE,
     ONE_BLOCK,
     PERF_METRICS,
     SLOWER,
     UNEQUAL,
-    level_estimates,
+    blocks_needed,
     paired_levels,
 )
 from rig.verdict.student_t import t_quantile
 
-# The metrics that get a word, and so make up the family: latency at first token, per token
-# and end to end, and the throughput of the whole level. The others are shown, not judged.
-HEADLINE_METRICS = ("mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "total_token_throughput")
 FAMILY_CONFIDENCE = 0.95
 NOT_JUDGED = "not judged"  # the word of a metric outside the family
 AA_ASYMMETRY = "A/A asymmetry"  # an A/A interval that excludes no change: not a kernel's doing
@@ -241,24 +239,13 @@ def level_resolution(
     level: int,
     timing: TimingDesign,
     confidence: float,
-    resolution_pct: float,
 ) -> LevelResolution:
     """How many block pairs `level` needs for every headline interval to be within
-    ±`resolution_pct`, from its stage-one blocks (timing.stage_one_blocks)."""
+    ±timing.resolution_pct, from its stage-one blocks (timing.stage_one_blocks)."""
     blocks = paired_levels(reference, candidate, timing.excluded).get(level)
-    kept = len(blocks.pairs) if blocks is not None else 0
-    stage_one = timing.stage_one_blocks or 2
-    if blocks is None or kept < stage_one or blocks.unequal_pairs:
-        return LevelResolution(level, kept, None)
-    estimates = level_estimates(blocks, timing)
-    half = math.log1p(resolution_pct / 100)
-    needed = [estimates[m].units_for(half, confidence) for m in HEADLINE_METRICS if m in estimates]
-    if not needed or 0 in needed:
-        return LevelResolution(level, kept, None)
-    if level in timing.pair_levels:
-        per_block = max(1, estimates[HEADLINE_METRICS[0]].units // kept)
-        return LevelResolution(level, kept, math.ceil(max(needed) / per_block))
-    return LevelResolution(level, kept, max(needed))
+    if blocks is None or blocks.unequal_pairs:
+        return LevelResolution(level, len(blocks.pairs) if blocks else 0, None)
+    return LevelResolution(level, len(blocks.pairs), blocks_needed(blocks, timing, confidence))
 
 
 def repeats_for(

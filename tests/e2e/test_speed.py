@@ -20,6 +20,7 @@ from .conftest import rig_processes
 
 COMPILING = "tests.kernels.my_kernel:chunk_fwd_compiling"
 PROMPTS = 8
+LONG = "{long_tokens: [1000, 4000]}"
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +66,9 @@ def test_request_pairs_at_c1_run_back_to_back_in_abba_order(alternating):
         assert earlier["sent_at"] + earlier["e2el_s"] <= later["sent_at"] + 1e-3
     for first, second in zip(records[::2], records[1::2], strict=True):
         assert (first["repeat"], first["index"]) == (second["repeat"], second["index"])
-        expected = "reference" if (first["index"] + first["repeat"] % 2) % 2 == 0 else "candidate"
-        assert (first["side"], second["side"]) == (expected, {"reference": "candidate",
-                                                             "candidate": "reference"}[expected])  # fmt: skip
+        reference_first = (first["index"] + first["repeat"] % 2) % 2 == 0
+        order = ("reference", "candidate") if reference_first else ("candidate", "reference")
+        assert (first["side"], second["side"]) == order
 
 
 def test_blocks_at_c4_are_timed_one_side_at_a_time_abba(alternating):
@@ -123,7 +124,7 @@ def test_a_candidate_that_is_not_equivalent_gets_no_speed_word(run_rig):
     run = run_rig(
         "--no-cache",
         "--set", "candidate.kernel=ns3",
-        "--set", "workload.prompts=[{path: prompts/prompts.jsonl, limit: 4}, {long_tokens: [1000, 4000]}]",
+        "--set", f"workload.prompts=[{{path: prompts/prompts.jsonl, limit: 4}}, {LONG}]",
         "--set", "workload.concurrency=[1]",
         "--set", "workload.repeats=2",
         "--set", "workload.warmup_requests=1",

@@ -185,7 +185,7 @@ def test_blocks_are_added_until_the_level_is_resolved(level_run, monkeypatch):
     """With a resolution asked for, the level gets blocks until level_resolution says it is
     resolved (here: after 5 block pairs)."""
 
-    def resolution(reference, candidate, level, timing, confidence, pct):
+    def resolution(reference, candidate, level, timing, confidence):
         blocks = len({r.repeat for r in reference})
         return LevelResolution(level, blocks, 5)
 

@@ -235,18 +235,22 @@ def test_request_pairs_are_the_unit_where_they_ran_back_to_back(level):
 
 def test_a_sequential_design_takes_the_spread_from_stage_one(level):
     """Stein's procedure: the first blocks fix the spread and its degrees of freedom; later
-    blocks move the centre and shrink the interval by their count only."""
+    blocks move the centre and shrink the interval by their count only, also when the budget
+    ended before the blocks Stein's rule asked for."""
     slower = (1.20, 1.24, 1.22, 1.10, 1.40, 1.21)
     reference = [r for k in range(6) for r in level("reference", [0.1] * 10, repeat=k)]
     candidate = [
         r for k, factor in enumerate(slower) for r in level("candidate", [0.1 * factor] * 10, k)
     ]
-    timing = TimingDesign(stage_one_blocks=3)
-    (row,) = compare_levels(reference, candidate, timing=timing).to_dict("records")
     logs = np.log(slower)
+    resolved = TimingDesign(stage_one_blocks=3, resolution_pct=20.0)
+    (row,) = compare_levels(reference, candidate, timing=resolved).to_dict("records")
     half = t_quantile(0.975, 2) * logs[:3].std(ddof=1) / math.sqrt(6)
     assert row["mean_ttft_ms_ratio"] == pytest.approx(math.exp(logs.mean()))
     assert row["mean_ttft_ms_ci_high"] == pytest.approx(math.exp(logs.mean() + half), rel=1e-6)
+    budget_ended = TimingDesign(stage_one_blocks=3, resolution_pct=0.1)
+    (again,) = compare_levels(reference, candidate, timing=budget_ended).to_dict("records")
+    assert again["mean_ttft_ms_ci_high"] == row["mean_ttft_ms_ci_high"]
 
 
 def test_a_planted_delay_is_sized_from_the_calls_counted_and_the_reference_measured(level):

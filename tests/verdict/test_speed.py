@@ -196,11 +196,12 @@ def test_a_level_is_resolved_once_it_has_the_blocks_steins_rule_asks_for(make_re
                                 ttft_s=ttft, itl_s=[0.01], e2el_s=ttft + 0.01, output_tokens=2,
                                 prompt_tokens=10)
                 )  # fmt: skip
-    timing = TimingDesign(stage_one_blocks=4)
-    early = level_resolution(reference[:16], candidate[:16], 1, timing, 0.99, 3.0)
+    timing = TimingDesign(stage_one_blocks=4, resolution_pct=3.0)
+    early = level_resolution(reference[:16], candidate[:16], 1, timing, 0.99)
     assert early.blocks_needed is None and not early.resolved  # stage one not done
-    status = level_resolution(reference, candidate, 1, timing, 0.99, 3.0)
+    status = level_resolution(reference, candidate, 1, timing, 0.99)
     assert status.blocks_needed is not None and 4 <= status.blocks_needed <= 12
     assert status.resolved
-    strict = level_resolution(reference, candidate, 1, timing, 0.99, 0.01)
+    strict_timing = TimingDesign(stage_one_blocks=4, resolution_pct=0.01)
+    strict = level_resolution(reference, candidate, 1, strict_timing, 0.99)
     assert not strict.resolved and strict.blocks_needed > 12
