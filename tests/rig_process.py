@@ -95,6 +95,7 @@ class LiveRig:
         argv: list[str],
         run_dir: Path,
         preexec_fn: Callable[[], None] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.process = subprocess.Popen(
@@ -105,7 +106,7 @@ class LiveRig:
             text=True,
             start_new_session=True,
             preexec_fn=preexec_fn,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:

@@ -121,6 +121,7 @@ def scenario_file(
 
 
 def start(scenario: Path, run_id: str, *args: str, **options) -> LiveRig:
+    """The run as a user starts it; `options` go to LiveRig (preexec_fn, env)."""
     results = Path(yaml.safe_load(scenario.read_text())["results_dir"])
     return LiveRig(
         [str(scenario), "--no-cache", "--run-id", run_id, *args], results / run_id, **options
@@ -415,6 +416,26 @@ def test_a_second_interrupt_while_the_report_is_written_stops_it_and_keeps_no_re
     assert resumed.records() == records
     assert all((resumed.run_dir / name).exists() for name in REPORT_FILES)
     assert resumed.left_in_group == ()
+
+
+# -- a bug of the rig's own ------------------------------------------------------------------------
+
+
+def test_a_bug_in_the_rigs_own_parsing_ends_the_run_and_blames_no_server(tmp_path):
+    """A KeyError in the SSE parser (planted through sitecustomize in every interpreter of the
+    run) is the rig's: exit 2, one error line, its traceback in the results folder, every
+    server stopped; no request becomes a malformed_sse pathology of either side."""
+    with stub_pair() as (reference, candidate):
+        scenario = scenario_file(tmp_path, reference.url, candidate.url)
+        bug = str(Path(__file__).parent / "parse_bug")
+        run = start(scenario, "bug", env={"PYTHONPATH": bug}).finish()
+    assert_could_not_be_made(run, "the rig failed (")
+    (line,) = run.error_lines()
+    assert "KeyError" in line and "rig-error.txt" in line
+    assert "planted bug" in (run.run_dir / "rig-error.txt").read_text()
+    assert not [r for r in read_records(run.run_dir) if "malformed_sse" in (r["error"] or "")]
+    gates = {g["name"]: g for g in run.manifest()["verdict"]["gates"]}
+    assert gates["pathologies"]["passed"] and not gates["run completed"]["passed"]
 
 
 # -- results that cannot be written ----------------------------------------------------------------

@@ -78,7 +78,8 @@ async def drive_side(
 
     Every spec yields exactly one record through `emit`; when `level_timeout_s` runs out the
     requests in flight and those never sent get a "timeout" record. When `emit` fails (the
-    records cannot be kept, e.g. the disk is full) nothing more is sent and its error is raised.
+    records cannot be kept, e.g. the disk is full), or the client itself does (a bug of the
+    rig's, never a server's), nothing more is sent and that error is raised.
     """
     warmups = [s for s in job.specs if s.warmup]
     measured = [s for s in job.specs if not s.warmup]
@@ -111,6 +112,8 @@ async def drive_side(
                     cancelled.error = expired_error
                 finish(cancelled)
             raise
+        except Exception as exc:  # the rig's own bug (send_request records the server's)
+            emit_errors.append(exc)
         finally:
             slots.release()
 

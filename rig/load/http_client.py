@@ -66,6 +66,14 @@ def _wall_minus_perf_counter() -> float:
     return best_offset
 
 
+def _number(text: str, base: int, what: str) -> int:
+    """A number the server sent; MalformedResponse (the server's fault) when it is none."""
+    try:
+        return int(text, base)
+    except ValueError:
+        raise MalformedResponse(f"{what} is not a number: {text[:40]!r}") from None
+
+
 class HttpResponse:
     """Incremental HTTP/1.1 response parser: status and headers, then the body (chunked,
     Content-Length or until close) handed to `on_body` piece by piece with its time stamp."""
@@ -128,7 +136,7 @@ class HttpResponse:
             self._framing = "chunked"
         elif "content-length" in headers:
             self._framing = "length"
-            self._remaining = int(headers["content-length"])
+            self._remaining = _number(headers["content-length"], 10, "Content-Length")
             self.complete = self._remaining == 0
         else:
             self._framing = "close"
@@ -160,7 +168,7 @@ class HttpResponse:
             if self._chunk_state == "trailer":
                 self.complete = line == b""
                 continue
-            size = int(line.split(b";", 1)[0].strip() or b"x", 16)
+            size = _number(line.split(b";", 1)[0].strip().decode("latin-1"), 16, "chunk size")
             self._remaining = size
             self._chunk_state = "data" if size else "trailer"
 

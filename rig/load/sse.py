@@ -11,6 +11,7 @@ import itertools
 import json
 from typing import Any
 
+from rig.load.http_client import MalformedResponse
 from rig.records import ErrorKind, RequestRecord, RequestSpec, TokenLogprob
 
 
@@ -52,9 +53,23 @@ class MalformedStream(Exception):
     """The server broke the SSE / JSON protocol; the request fails as malformed_sse."""
 
 
-# What a response that breaks the protocol raises while it is parsed (an HTTP head that is not
-# one raises rig.load.http_client.MalformedResponse, a ValueError).
-PROTOCOL_ERRORS = (MalformedStream, KeyError, TypeError, ValueError, AttributeError)
+# What a response that breaks the protocol raises while it is parsed: the parsers check what
+# the server sent and raise these, so that any other exception (a KeyError, a TypeError) is a
+# bug of the rig's, which ends the run (exit 2), never a pathology of the server's.
+PROTOCOL_ERRORS = (MalformedStream, MalformedResponse)
+
+
+def _checked(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    """`value` when the server sent the kind the protocol says, else MalformedStream."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise MalformedStream(f"{what} is {type(value).__name__}: {value!r:.60}")
+    return value
+
+
+def _field(message: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if key not in message:
+        raise MalformedStream(f"{what} has no {key!r}")
+    return _checked(message[key], kind, f"{what}[{key!r}]")
 
 
 class StreamAccumulator:
@@ -106,10 +121,12 @@ class StreamAccumulator:
                 self.done = True
                 continue
             try:
-                message = json.loads(payload)
+                text = payload.decode("utf-8")
             except UnicodeDecodeError:
                 self._problem(ErrorKind.MALFORMED_SSE.error("invalid UTF-8 in an event"))
-                message = json.loads(payload.decode("utf-8", errors="replace"))
+                text = payload.decode("utf-8", errors="replace")
+            try:
+                message = json.loads(text)
             except ValueError as exc:
                 self._problem(
                     ErrorKind.MALFORMED_SSE.error(f"event is not JSON ({exc}): {payload[:80]!r}")
@@ -134,25 +151,32 @@ class StreamAccumulator:
                 self._problem(ErrorKind.MALFORMED_SSE.error(detail))
             return
         if usage := message.get("usage"):
-            self.record.prompt_tokens = usage.get("prompt_tokens")
-            self.record.output_tokens = usage.get("completion_tokens")
+            usage = _checked(usage, dict, "usage")
+            counts = (("prompt_tokens", "prompt_tokens"), ("completion_tokens", "output_tokens"))
+            for key, field in counts:
+                count = usage.get(key)
+                setattr(self.record, field, None if count is None else _checked(count, int, key))
         choices = message.get("choices")
         if not choices:
             return
         record = self.record
         self.token_times.append(received)
-        choice = choices[0]
+        choice = _checked(_checked(choices, list, "choices")[0], dict, "choices[0]")
         delta = choice.get("delta")
-        text = choice.get("text") if delta is None else delta.get("content")
+        if delta is None:
+            text = choice.get("text")
+        else:
+            text = _checked(delta, dict, "delta").get("content")
         if text:
-            self.text_parts.append(text)
+            self.text_parts.append(_checked(text, str, "text"))
         if (ids := choice.get("token_ids")) is not None:
             self.saw_token_ids = True
-            self.token_ids.extend(ids)
+            ids = _checked(ids, list, "token_ids")
+            self.token_ids.extend(_checked(token, int, "token id") for token in ids)
         if choice.get("finish_reason") is not None:
-            record.finish_reason = choice["finish_reason"]
+            record.finish_reason = _checked(choice["finish_reason"], str, "finish_reason")
         if self.logprobs is not None and (logprobs := choice.get("logprobs")):
-            self.logprobs.extend(parse_logprobs(logprobs))
+            self.logprobs.extend(parse_logprobs(_checked(logprobs, dict, "logprobs")))
 
 
 def _token_id(name: str) -> int:
@@ -163,23 +187,46 @@ def _token_id(name: str) -> int:
     return int(number)
 
 
+NUMBER = (int, float)
+
+
+def _top(entries: list | dict | None, what: str) -> dict[int, float]:
+    """A position's top-k: chat's list of {token, logprob}, completions' {token: logprob}."""
+    if entries is None:
+        return {}
+    if isinstance(entries, dict):
+        return {_token_id(name): _checked(v, NUMBER, what) for name, v in entries.items()}
+    top = {}
+    for entry in _checked(entries, list, what):
+        entry = _checked(entry, dict, what)
+        top[_token_id(_field(entry, "token", str, what))] = _field(entry, "logprob", NUMBER, what)
+    return top
+
+
 def parse_logprobs(logprobs: dict) -> list[TokenLogprob]:
+    """A choice's logprobs, checked: what the server sent wrong is MalformedStream."""
     if "content" in logprobs:  # chat
-        return [
-            TokenLogprob(
-                token_id=_token_id(entry["token"]),
-                logprob=entry["logprob"],
-                top={_token_id(alt["token"]): alt["logprob"] for alt in entry["top_logprobs"]},
+        positions = []
+        for entry in _checked(logprobs["content"] or [], list, "logprobs.content"):
+            entry = _checked(entry, dict, "logprobs.content[]")
+            positions.append(
+                TokenLogprob(
+                    token_id=_token_id(_field(entry, "token", str, "logprobs.content[]")),
+                    logprob=_field(entry, "logprob", (*NUMBER, type(None)), "logprobs.content[]"),
+                    top=_top(entry.get("top_logprobs"), "top_logprobs"),
+                )
             )
-            for entry in logprobs["content"] or []
-        ]
+        return positions
+    tokens = _field(logprobs, "tokens", list, "logprobs")
+    values = _field(logprobs, "token_logprobs", list, "logprobs")
+    tops = _field(logprobs, "top_logprobs", list, "logprobs")
+    if not len(tokens) == len(values) == len(tops):
+        raise MalformedStream("logprobs' tokens, token_logprobs and top_logprobs differ in length")
     return [  # completions
         TokenLogprob(
-            token_id=_token_id(token),
-            logprob=logprob,
-            top={_token_id(name): value for name, value in (top or {}).items()},
+            token_id=_token_id(_checked(token, str, "logprobs.tokens[]")),
+            logprob=_checked(value, (*NUMBER, type(None)), "logprobs.token_logprobs[]"),
+            top=_top(top, "logprobs.top_logprobs[]"),
         )
-        for token, logprob, top in zip(
-            logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
-        )
+        for token, value, top in zip(tokens, values, tops, strict=True)
     ]

@@ -28,6 +28,7 @@ td,th{border:1px solid #d5d5d5;padding:3px 6px;text-align:left;vertical-align:to
 th{background:#f3f3f3;font-weight:600}table.compact{width:auto;max-width:100%}
 td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 td small{display:block;color:#666;font-size:11px}
+td small.word{white-space:normal}
 td.bad,.error{color:#b71c1c;font-weight:600}
 .mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 table.gates td.mark{white-space:nowrap;font-weight:700;width:7em}

@@ -28,7 +28,7 @@ from rig.verdict.speed import speed_headline
 
 
 def _verdict_class(word: VerdictWord, passed: bool) -> str:
-    if word is VerdictWord.INVALID:
+    if word in (VerdictWord.INVALID, VerdictWord.INCOMPLETE):
         return "invalid"
     return "pass" if passed else "fail"
 

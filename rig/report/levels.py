@@ -4,11 +4,14 @@ latency CDFs and throughput of every level as inline PNGs."""
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from rig.records import RequestRecord
 from rig.report.format import DASH, cell, esc, missing, number, table
 from rig.report.plots import curve_figure, level_figure
+from rig.verdict.perf import CANDIDATE
 from rig.verdict.speed import HEADLINE_METRICS
 
 # (column of summary.csv, header, unit) of the per-level table
@@ -33,10 +36,13 @@ DELTA_COLUMNS = (
     ("request_throughput", "requests/s"),
     ("output_throughput", "output tok/s"),
     ("total_token_throughput", "total tok/s"),
-    ("gdn_ms_per_call", "server: GDN ms/call"),
-    ("server_prefill_ms", "server: prefill"),
-    ("server_decode_ms", "server: decode"),
-    ("server_queue_ms", "server: queue"),
+)
+# The servers' own timings per block (rig/verdict/server_side.py): each side's mean, the change.
+SERVER_COLUMNS = (
+    ("gdn_ms_per_call", "GDN prefill per call"),
+    ("server_prefill_ms", "prefill per request"),
+    ("server_decode_ms", "decode per request"),
+    ("server_queue_ms", "queue per request"),
 )
 
 
@@ -91,10 +97,11 @@ def _delta_row(row: pd.Series) -> str:
         word = str(row.get(f"{metric}_word", ""))
         interval = _interval(row, metric)
         text = esc(number(value, "%", 1) if missing(value) else f"{value:+.1f} %")
-        for detail in (interval, word):
-            if detail and detail != "n/a":
-                text += f"<small>{esc(detail)}</small>"
-        cells += cell(text, value, f"num delta-{word.replace(' ', '-')}", raw=True)
+        if interval:
+            text += f"<small>{esc(interval)}</small>"
+        if word and word != "n/a":  # a word may be a reason (not comparable: ...): it wraps
+            text += f'<small class="word">{esc(word)}</small>'
+        cells += cell(text, value, f"num delta-{re.sub(r'[^a-z]+', '-', word.lower())}", raw=True)
     return cells
 
 
@@ -102,6 +109,28 @@ def delta_table(deltas: pd.DataFrame) -> str:
     """Candidate vs reference per level, each change with its 95% interval and its word."""
     rows = [_delta_row(row) for _, row in deltas.iterrows()]
     return table(["level", "compared", "blocks"] + [name for _, name in DELTA_COLUMNS], rows)
+
+
+def _server_row(row: pd.Series) -> str:
+    level = int(row["level"])
+    cells = cell(level, level, "num")
+    for metric, _ in SERVER_COLUMNS:
+        ref, cand = row.get(f"{metric}_reference"), row.get(f"{metric}_candidate")
+        value = row.get(f"{metric}_change_pct")
+        text = esc(f"{number(ref, 'ms')} → {number(cand, 'ms')}")
+        if not missing(value):
+            text += f"<small>{esc(f'{value:+.1f} %')} {esc(_interval(row, metric))}</small>"
+        cells += cell(text, value, "num", raw=True)
+    return cells
+
+
+def server_table(deltas: pd.DataFrame) -> str:
+    """The servers' own timings per level, reference → candidate, and the change (not judged);
+    empty when no server published them."""
+    if deltas.empty or f"{SERVER_COLUMNS[0][0]}_reference" not in deltas.columns:
+        return ""
+    rows = [_server_row(row) for _, row in deltas.iterrows() if row["comparison"] == CANDIDATE]
+    return table(["level"] + [name for _, name in SERVER_COLUMNS], rows)
 
 
 def _interval_note(outcome, deltas: pd.DataFrame) -> str:
@@ -138,13 +167,22 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
             "<h3>Candidate against reference</h3>",
             "<p>Change = candidate − reference, in percent of the reference (a positive "
             "latency change is slower, a positive throughput change faster), with its interval "
-            "[low, high]: Student's t over the repeats' ratios with two or more repeats, a "
-            "paired bootstrap over requests with one. "
+            "[low, high] over the units the schedule allows (block pairs, or request pairs "
+            "where they ran back to back; none from one block). "
             + esc(_interval_note(outcome, deltas))
             + " The A/A row (the reference server replaying a level's requests) is what "
             "identical kernels measure.</p>",
             delta_table(deltas),
         ]
+        servers = server_table(deltas)
+        if servers:
+            parts += [
+                "<h3>The servers' own timings</h3>",
+                "<p>From each server's /metrics around its blocks: the rig plugin's GDN prefill "
+                "time per call, vLLM's prefill, decode and queue time per request; reference → "
+                "candidate, and the change with its interval (not judged).</p>",
+                servers,
+            ]
     rows = [
         _level_row(level, side, group)
         for (level, side), group in summary.groupby(["level", "side"], sort=True)

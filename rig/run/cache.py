@@ -31,6 +31,8 @@ DEFAULT_ROOT = Path(".cache/golden")
 SMALL_FILE_BYTES = 64 * 1024 * 1024
 RUN_SPECIFIC_ENV = {STATS_DIR_ENV, "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES"}
 RUN_SPECIFIC_ARGS = {"--port", "--host"}
+# How the speed half is measured; the reference's texts and replay do not depend on them.
+SPEED_ONLY_KEYS = {"schedule", "speed_resolution_pct", "speed_budget_s", "warmup_requests"}
 ENTRY_FORMAT = 2  # 2: the replay keeps each position's top-k (the verdict's margins)
 
 
@@ -88,7 +90,8 @@ def golden_key(
         "prompts": [[p.id, p.text, p.messages_as_dicts()] for p in prompts],
         "workload": workload.model_dump(
             mode="json",
-            exclude={"prompts", "timeout_s", "level_timeout_s", "request_rate", "burstiness"},
+            exclude={"prompts", "timeout_s", "level_timeout_s", "request_rate", "burstiness"}
+            | SPEED_ONLY_KEYS,
         ),
         "drift": scenario.drift.model_dump(mode="json"),
         "entry_format": ENTRY_FORMAT,

@@ -157,10 +157,22 @@ def side_drift(state: RunState, side: str) -> list[DriftResult]:
 
 
 def failed_verdict(verdict: Verdict, error: str) -> Verdict:
-    """The verdict of a run that did not complete: it cannot pass."""
-    gates = (*verdict.gates, Gate("run completed", False, error.splitlines()[0]))
-    invalid = verdict.word is VerdictWord.INVALID
-    word = verdict.word if invalid else VerdictWord.NOT_EQUIVALENT
+    """The verdict of a run that did not complete: it cannot pass. Only what the candidate
+    wrote in the pairs it compared (a substantive divergence) can make it NOT equivalent: the
+    failed requests of a server that was stopped or died are the stop's doing, not the
+    kernel's. Otherwise it is INCOMPLETE (exit 2, as for a run that could not be made),
+    whichever side's server stopped it (the error names it), and says how far it got. INVALID
+    stays INVALID."""
+    c = verdict.counts
+    compared = (
+        f"{c.pairs} pairs compared before it stopped: {c.identical} identical, {c.near_tie} "
+        f"near-tie, {c.substantive} substantive"
+    )
+    gates = (*verdict.gates, Gate("run completed", False, f"{error.splitlines()[0]}; {compared}"))
+    word = verdict.word
+    diverged = word is VerdictWord.NOT_EQUIVALENT and c.substantive > 0
+    if word is not VerdictWord.INVALID and not diverged:
+        word = VerdictWord.INCOMPLETE
     return replace(verdict, word=word, passed=False, gates=gates)
 
 

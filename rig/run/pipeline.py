@@ -50,6 +50,7 @@ from rig.verdict.gates import ExitCode, SideKernel
 from rig.verdict.outcome import RunOutcome
 
 EXIT_PASS, EXIT_ERROR = ExitCode.PASS, ExitCode.ERROR
+RIG_ERROR_FILE = "rig-error.txt"  # the traceback of a failure of the rig's own
 REPORT_NOTICE = "rig: interrupted while the report is written: finishing it (again to stop at once)"
 
 
@@ -268,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    except Exception as exc:  # the rig's own bug: its run could not be made, no server's fault
+        (run_dir / RIG_ERROR_FILE).write_text(traceback.format_exc())
+        error = (
+            f"the rig failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f"); servers stopped, traceback in {run_dir / RIG_ERROR_FILE}"
+        )
     finally:
         runner.journal.sink.close()
     with InterruptsDeferred(REPORT_NOTICE, lambda: _stop_reporting(run_dir)):

@@ -3,9 +3,10 @@
 Words: "identical"; "equivalent up to near-ties" (every text divergence sits at a reference
 top-1/top-2 margin within the near-tie bound, drift under its threshold), with "within the A/A
 noise floor" when an A/A control measured at least as many divergences; "NOT equivalent";
-and "INVALID" when the run cannot vouch for the kernel under test (it never ran, both sides ran
+"INVALID" when the run cannot vouch for the kernel under test (it never ran, both sides ran
 the same kernel, the reference ran another backend than requested, a prefix-cache hit skipped
-prefills, or nothing was compared). A failed
+prefills, or nothing was compared); and "INCOMPLETE" when the run did not complete (interrupted,
+a server died) and the pairs it compared show no failure of the candidate. A failed
 performance gate fails the run without changing the word.
 """
 
@@ -58,6 +59,7 @@ class VerdictWord(StrEnum):
     NEAR_TIES = "equivalent up to near-ties"
     NOT_EQUIVALENT = "NOT equivalent"
     INVALID = "INVALID"
+    INCOMPLETE = "INCOMPLETE"  # the run did not complete, and what it compared shows no failure
 
 
 class ExitCode(IntEnum):
@@ -106,7 +108,7 @@ class Verdict:
 
     def exit_code(self, error: str | None = None) -> ExitCode:
         """The run's exit code: 2 when it did not complete, else what the verdict says."""
-        if error is not None:
+        if error is not None or self.word is VerdictWord.INCOMPLETE:
             return ExitCode.ERROR
         if self.passed:
             return ExitCode.PASS

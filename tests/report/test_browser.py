@@ -172,7 +172,7 @@ def test_hostile_model_output_renders_as_text(seen):
 
 def test_nothing_overflows_at_1280_px(seen):
     assert seen["innerWidth"] == WIDTH
-    assert seen["scrollWidth"] <= WIDTH
+    assert seen["scrollWidth"] <= WIDTH, seen["tooWide"]
     assert seen["tooWide"] == []
 
 

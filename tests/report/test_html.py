@@ -132,7 +132,8 @@ def test_per_level_changes_show_their_interval_and_word(frames, page):
         mean_ttft_ms_ci_high_pct=4.0,
         mean_ttft_ms_word="within noise",
     )
-    assert "+1.0 %<small>[-3.0, +4.0]</small><small>within noise</small>" in delta_table(with_ci)
+    shown = '+1.0 %<small>[-3.0, +4.0]</small><small class="word">within noise</small>'
+    assert shown in delta_table(with_ci)
     assert 'class="num delta-within-noise"' in delta_table(with_ci)
     assert "a positive latency change is slower" in page
 

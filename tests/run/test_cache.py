@@ -61,3 +61,24 @@ def test_the_key_follows_the_replay_top_k_and_the_entry_format(tmp_path):
     _, fields = key_of(tmp_path, None)
     assert fields["drift"]["top_logprobs"] == 5
     assert fields["entry_format"] == ENTRY_FORMAT >= 2
+
+
+def test_how_speed_is_measured_is_not_part_of_the_key(tmp_path):
+    """The schedule, the resolution, its budget and the warm-up change how the sides are timed,
+    not what the reference writes: a candidate run with other speed settings still hits."""
+
+    def key(**workload) -> str:
+        scenario = Scenario.model_validate(
+            {
+                "name": "t",
+                "workload": {"prompts": [{"long_tokens": [10]}], "concurrency": [1]} | workload,
+            }
+        )
+        hardware = Hardware(gpu_count=0, cpu_ids=(0, 1))
+        plan = plan_servers(scenario, "org/model", tmp_path, hardware)
+        prompt = Prompt(id="p", messages=(ChatMessage("user", "hi"),), source="test")
+        return golden_key(scenario, plan.servers["reference"], "org/model", [prompt])[0]
+
+    speed = {"schedule": "alternate", "speed_resolution_pct": 3, "repeats": 6}
+    assert key(repeats=6) == key(**speed) == key(repeats=6, warmup_requests=0)
+    assert key(repeats=6) != key(repeats=6, max_tokens=9)

@@ -1,6 +1,8 @@
 """The outcome from a run's state, without servers: kernels per side, the planted delay, and
 the verdict of a run that did not complete."""
 
+from dataclasses import replace
+
 import rig.run.conclude
 from kernels.proof import KernelProof
 from rig.records import ServerDelta
@@ -30,13 +32,26 @@ def test_aa_run_means_identically_configured_sides():
     assert not is_aa_run(scenario(candidate={"env": {"X": "1"}}))
 
 
-def test_a_run_that_did_not_complete_cannot_pass_and_invalid_stays_invalid():
-    counts = Counts(3, 3, 0, 0, 0, 0.0, 0.0, 0.0, 0)
+def test_a_run_that_did_not_complete_is_incomplete_unless_the_candidate_diverged():
+    """Stopped after 224 of 384 pairs, all identical: INCOMPLETE (exit 2), with how far it got;
+    a failed pathology gate from the stop's failed requests does not change that; substantive
+    divergences among the compared pairs do; INVALID stays INVALID."""
+    counts = Counts(224, 224, 0, 0, 0, 0.0, 0.0, 0.0, 0)
     passed = Verdict(VerdictWord.IDENTICAL, True, (Gate("text", True, "all"),), counts)
     failed = failed_verdict(passed, "interrupted (Ctrl-C)\nmore")
-    assert (failed.word, failed.passed) == ("NOT equivalent", False)
-    assert failed.gates[-1] == Gate("run completed", False, "interrupted (Ctrl-C)")
+    assert (failed.word, failed.passed) == ("INCOMPLETE", False)
+    assert failed.exit_code() == 2
+    assert failed.gates[-1] == Gate(
+        "run completed",
+        False,
+        "interrupted (Ctrl-C); 224 pairs compared before it stopped: 224 identical, 0 near-tie, "
+        "0 substantive",
+    )
     assert failed.counts is counts
+    stopped = Verdict(VerdictWord.NOT_EQUIVALENT, False, (), replace(counts, pathologies=3))
+    assert failed_verdict(stopped, "candidate server died").word == "INCOMPLETE"
+    diverged = Verdict(VerdictWord.NOT_EQUIVALENT, False, (), replace(counts, substantive=2))
+    assert failed_verdict(diverged, "interrupted").word == "NOT equivalent"
     invalid = Verdict(VerdictWord.INVALID, False, (), counts)
     assert failed_verdict(invalid, "x").word == "INVALID"
 
