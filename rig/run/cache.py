@@ -1,7 +1,8 @@
 """Golden cache: reference results keyed by everything that determines them, so the next
 candidate iteration starts one server instead of two.
 
-The key covers the model (and a digest of its files), the vLLM version, the reference side's
+The key covers the model (by what its files hold, not where or when they were written), the
+vLLM version, the reference side's
 argv and environment (less ports, pinning and per-run paths; secrets as digests, since the key's
 fields are stored with the entry), the prompts, the sampling
 parameters and the concurrency levels. A hit restores the reference's records, its
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -31,30 +34,73 @@ DEFAULT_ROOT = Path(".cache/golden")
 SMALL_FILE_BYTES = 64 * 1024 * 1024
 RUN_SPECIFIC_ENV = {STATS_DIR_ENV, "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES"}
 RUN_SPECIFIC_ARGS = {"--port", "--host"}
+MODEL_PLACEHOLDER = "<model>"  # a local folder's path in the key: the digest says what it holds
 # How the speed half is measured; the reference's texts and replay do not depend on them.
 SPEED_ONLY_KEYS = {"schedule", "speed_resolution_pct", "speed_budget_s", "warmup_requests"}
 ENTRY_FORMAT = 2  # 2: the replay keeps each position's top-k (the verdict's margins)
 
 
-def model_digest(model_path: str) -> str:
-    """Contents of small files (config, tokenizer), name+size+mtime of large ones (weights)."""
+_SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+DIGESTS_FILE = "file-digests.json"  # in the cache root: content hashes by path, size, mtime
+
+
+def model_digest(model_path: str, memo: Path | None = None) -> str:
+    """The model by what its files hold, never by where or when they were made: small files
+    (config, tokenizer) by their bytes, large ones (weights) by their content hash: the blob
+    name a Hugging Face hub snapshot's link points at (the sha256 of the file), else a sha256
+    of the file kept in `memo` (by path, size and modification time, so a file is read once)."""
     root = Path(model_path)
     if not root.is_dir():
         return f"hub:{model_path}"
+    known = _read_memo(memo)
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        stat = path.stat()
         digest.update(str(path.relative_to(root)).encode())
-        if stat.st_size <= SMALL_FILE_BYTES:
+        if path.stat().st_size <= SMALL_FILE_BYTES:
             digest.update(path.read_bytes())
         else:
-            digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+            digest.update(_content_hash(path, known).encode())
+    if memo is not None and known:
+        _write_memo(memo, known)
     return digest.hexdigest()
 
 
-def _portable_argv(reference: ServerPlan) -> list[str]:
+def _content_hash(path: Path, known: dict[str, str]) -> str:
+    blob = path.resolve()
+    if path.is_symlink() and blob.parent.name == "blobs" and _SHA256_NAME.fullmatch(blob.name):
+        return blob.name
+    stat = blob.stat()
+    seen = f"{blob}:{stat.st_size}:{stat.st_mtime_ns}"
+    if seen not in known:
+        hasher = hashlib.sha256()
+        with open(blob, "rb") as handle:
+            while chunk := handle.read(16 * 2**20):
+                hasher.update(chunk)
+        known[seen] = hasher.hexdigest()
+    return known[seen]
+
+
+def _read_memo(memo: Path | None) -> dict[str, str]:
+    try:
+        return json.loads(memo.read_text()) if memo is not None and memo.exists() else {}
+    except (OSError, ValueError):
+        return {}  # a memo that cannot be read costs a re-hash, never a wrong key
+
+
+def _write_memo(memo: Path, known: dict[str, str]) -> None:
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        staging = memo.with_name(f".{memo.name}.{os.getpid()}")
+        staging.write_text(json.dumps(known))
+        os.replace(staging, memo)
+    except OSError:
+        pass  # the next run hashes again
+
+
+def _portable_argv(reference: ServerPlan, model_path: str) -> list[str]:
     """The reference's argv without what differs between runs and machines: the interpreter's
-    path, a container's per-server name, host and port."""
+    path, a container's per-server name, host and port, and the model's folder (its files are
+    in the key by content)."""
     install = reference.install
     launcher = list(install.serve_prefix[1:]) if install is not None else []
     kept, skip = launcher, False
@@ -64,21 +110,27 @@ def _portable_argv(reference: ServerPlan) -> list[str]:
         elif arg in RUN_SPECIFIC_ARGS:
             skip = True
         else:
-            kept.append(arg)
+            kept.append(MODEL_PLACEHOLDER if arg == model_path else arg)
     return kept
 
 
 def golden_key(
-    scenario: Scenario, reference: ServerPlan, model_path: str, prompts: list[Prompt]
+    scenario: Scenario,
+    reference: ServerPlan,
+    model_path: str,
+    prompts: list[Prompt],
+    memo: Path | None = None,
 ) -> tuple[str, dict]:
+    """The key of the reference's results and the fields it hashes; `memo` keeps the content
+    hashes of large model files between runs (the cache root's DIGESTS_FILE)."""
     workload = scenario.workload
     install = reference.install
     added = set(install.env) if install is not None else set()
     fields = {
-        "model": scenario.model.name,
-        "model_digest": model_digest(model_path),
+        "model": MODEL_PLACEHOLDER if Path(scenario.model.name).is_dir() else scenario.model.name,
+        "model_digest": model_digest(model_path, memo),
         "vllm": install.facts.key_fields() if install is not None else None,
-        "argv": redact_argv(_portable_argv(reference), mask=digest),
+        "argv": redact_argv(_portable_argv(reference, model_path), mask=digest),
         "env": redact_env(
             {
                 k: v

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rig.run.cache import GoldenCache, GoldenEntry, golden_key
+from rig.run.cache import DIGESTS_FILE, GoldenCache, GoldenEntry, golden_key
 from rig.run.state import RunJournal
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
@@ -32,7 +32,8 @@ def lookup_golden(
 ) -> GoldenLookup:
     """The cache serves runs without an A/A control (it needs the reference server) whose
     reference the rig starts itself (an attached server is not what the key describes)."""
-    key, fields = golden_key(scenario, plan.servers["reference"], model_path, prompts)
+    memo = cache.root / DIGESTS_FILE if cache is not None else None
+    key, fields = golden_key(scenario, plan.servers["reference"], model_path, prompts, memo)
     usable = cache is not None and not scenario.control.aa and plan.servers["reference"].url is None
     return GoldenLookup(key, fields, cache.load(key) if usable else None)
 
