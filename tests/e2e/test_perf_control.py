@@ -19,7 +19,7 @@ from rig.run.state import SERVER_COUNTERS_FILE, read_jsonl
 
 from .conftest import REPO, RUN_TIMEOUT_S, rig_processes
 
-REPEATS, PROMPTS = 4, 24
+REPEATS, PROMPTS = 6, 24
 
 
 @pytest.fixture(scope="module")
