@@ -24,6 +24,10 @@ PHASE_HISTOGRAMS = {
 }
 
 
+class MetricsUnreadable(Exception):
+    """A server's /metrics did not answer (it died, or is not a vLLM server)."""
+
+
 @dataclass(frozen=True)
 class PhaseTime:
     """One of vLLM's per-request phase histograms, as totals: seconds over requests."""
@@ -51,14 +55,18 @@ _SAMPLE_LINE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<valu
 
 
 async def read_server_counters(base_url: str, api_key: SecretStr | None = None) -> ServerCounters:
-    """One reading of the server's /metrics, summed over label sets (engines, models)."""
+    """One reading of the server's /metrics, summed over label sets (engines, models);
+    MetricsUnreadable when it does not answer."""
     headers = auth_headers(api_key)
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-        session.get(base_url.rstrip("/") + "/metrics", headers=headers) as response,
-    ):
-        response.raise_for_status()
-        text = await response.text()
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+            session.get(base_url.rstrip("/") + "/metrics", headers=headers) as response,
+        ):
+            response.raise_for_status()
+            text = await response.text()
+    except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+        raise MetricsUnreadable(f"{base_url}/metrics: {type(exc).__name__}: {exc}") from None
     return parse_server_counters(text)
 
 

@@ -12,7 +12,7 @@ import time
 
 from rig.load.engine import run_level
 from rig.load.pairs import run_pairs
-from rig.load.server_metrics import ServerCounters, read_server_counters
+from rig.load.server_metrics import MetricsUnreadable, ServerCounters, read_server_counters
 from rig.records import LevelFault, RequestRecord, ServerDelta, ServerTarget, SideJob
 from rig.run.state import RunContext, RunJournal
 from rig.scenario.workload import level_requests
@@ -25,6 +25,7 @@ from rig.verdict.speed import SpeedDesign, level_resolution
 FAILED_IDS_SHOWN = 20
 WARMUP_PASSES = 3  # a level's warm-up runs again while a server compiles, at most this often
 RERUNS_PER_LEVEL = 3  # blocks run again for a compilation, at most this many per level
+DEATH_WAIT_S = 5.0  # how long a server whose /metrics stopped answering may take to exit
 
 
 def server_targets(servers: dict[str, Server]) -> dict[str, ServerTarget]:
@@ -61,21 +62,67 @@ def timing_design(ctx: RunContext, state_deltas, state_faults) -> TimingDesign:
     )
 
 
-def warm_up_level(ctx: RunContext, targets: dict[str, ServerTarget], level: int) -> None:
+def counters(
+    journal: RunJournal,
+    servers: dict[str, Server],
+    level: int,
+    repeat: int,
+    records: list[RequestRecord] | None = None,
+) -> dict[str, ServerCounters]:
+    """Every server's counters; a server whose /metrics stopped answering because it died
+    stops the run as a dead server (named, its fault on disk), never as a disk error."""
+    try:
+        return read_counters(server_targets(servers))
+    except MetricsUnreadable as exc:
+        stop_if_died(journal, servers, level, repeat, records or [], wait_s=DEATH_WAIT_S)
+        raise ServerError(f"a server stopped answering during level C={level}: {exc}") from None
+
+
+def stop_if_died(
+    journal: RunJournal,
+    servers: dict[str, Server],
+    level: int,
+    repeat: int,
+    records: list[RequestRecord],
+    wait_s: float = 0.0,
+) -> None:
+    """ServerError naming the first server that exited (waiting up to `wait_s` for one), with
+    its fault on disk; nothing when every server runs."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for label, server in servers.items():
+            if server.exited() is not None:
+                affected = failed_requests(records, server.plan.side, server.plan.replica)
+                died = f"exit code {server.exited()}"
+                fault = LevelFault(label, level, "server_died", died, affected, repeat)
+                journal.record_fault(fault)
+                raise ServerError(
+                    f"{label} server died during level C={level}; log "
+                    f"{server.plan.log_path}:\n{server.log_tail()}"
+                )
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
+
+
+def warm_up_level(
+    ctx: RunContext, journal: RunJournal, servers: dict[str, Server], level: int
+) -> None:
     """Untimed requests at the level's concurrency on every server (all at once: nothing is
     timed), again while a server's counters show a JIT compilation; records are not kept."""
+    targets = server_targets(servers)
     workload = ctx.scenario.workload
     whole = workload.requests_per_level or len(ctx.prompts)
     if workload.warmup_requests == 0:
         return
     count = max(workload.warmup_requests or whole, level)
     for number in range(WARMUP_PASSES):
-        before = read_counters(targets)
+        before = counters(journal, servers, level, 0)
         tag = f"warmup-p{number}-"
         jobs = level_jobs(ctx, targets, level, repeat=0, tag=tag, count=count)
         print(f"rig: warm-up C={level}, pass {number + 1}: {count} untimed requests per side")
         run_level(jobs, level, timeout_s=workload.timeout_s, progress=False)
-        after = read_counters(targets)
+        after = counters(journal, servers, level, 0)
         compiled = [label for label in targets if _compiles(before[label], after[label])]
         if not compiled:
             return
@@ -178,7 +225,7 @@ def run_block(
     pairs back to back); a server that died in it stops the run."""
     workload = ctx.scenario.workload
     targets = server_targets(servers)
-    before = read_counters(targets)
+    before = counters(journal, servers, level, repeat)
     offsets = {label: server.log_size() for label, server in servers.items()}
     started = time.time()
     jobs = level_jobs(ctx, targets, level, repeat)
@@ -211,14 +258,8 @@ def run_block(
         journal.state.peak_rss_mb[label] = max(
             journal.state.peak_rss_mb.get(label, 0.0), server.rss_bytes() / 2**20
         )
-        if server.exited() is not None:
-            died = f"exit code {server.exited()}"
-            journal.record_fault(LevelFault(label, level, "server_died", died, affected, repeat))
-            raise ServerError(
-                f"{label} server died during level C={level}; log {server.plan.log_path}:\n"
-                f"{server.log_tail()}"
-            )
-    after = read_counters(targets)
+    stop_if_died(journal, servers, level, repeat, level_records)
+    after = counters(journal, servers, level, repeat, level_records)
     for label in servers:
         journal.record_server_delta(
             server_delta(label, level, repeat, before[label], after[label], started, ended)
@@ -273,13 +314,12 @@ def run_load(
     a resolution asked for, more blocks until the level is resolved or the budget ends."""
     workload = ctx.scenario.workload
     schedule = ctx.plan.load_schedule(workload)
-    targets = server_targets(servers)
     deadline = time.monotonic() + workload.speed_budget_s
     both = {server.plan.side for server in servers.values()} >= {"reference", "candidate"}
     adaptive = both and schedule.kind != "apart"
     for level in dict.fromkeys(level for level, _ in levels):
         planned = [repeat for lvl, repeat in levels if lvl == level]
-        warm_up_level(ctx, targets, level)
+        warm_up_level(ctx, journal, servers, level)
         queue, reruns = list(planned), 0
         while queue:
             repeat = queue.pop(0)

@@ -3,7 +3,7 @@
 import pytest
 
 import rig.run.load_phase
-from rig.load.server_metrics import PhaseTime, ServerCounters
+from rig.load.server_metrics import MetricsUnreadable, PhaseTime, ServerCounters
 from rig.records import REQUESTS_FILE
 from rig.run.load_phase import (
     failed_requests,
@@ -215,3 +215,22 @@ def test_a_server_that_died_in_a_level_stops_the_run_with_its_fault_on_disk(leve
         run_block(ctx, journal, servers, 3, 0)
     assert "server_died" in (ctx.run_dir / FAULTS_FILE).read_text()
     assert len(journal.state.records) == 10  # what finished is kept
+
+
+def test_a_server_whose_metrics_stop_answering_because_it_died_is_named(level_run, monkeypatch):
+    """The candidate dies after its block's requests: its /metrics no longer answers. The run
+    stops on the dead server, named, with its fault on disk: not on a connection error."""
+    metrics = FakeMetrics()
+    ctx, journal, servers, _ = level_run(metrics=metrics)
+
+    def unreadable(targets):
+        if metrics.readings >= 1:
+            servers["candidate"].exit_code = -9
+            raise MetricsUnreadable("http://127.0.0.1:1/metrics: ClientConnectorError")
+        return metrics(targets)
+
+    monkeypatch.setattr(rig.run.load_phase, "read_counters", unreadable)
+    monkeypatch.setattr(rig.run.load_phase, "DEATH_WAIT_S", 0.2)
+    with pytest.raises(ServerError, match="candidate server died during level C=3"):
+        run_block(ctx, journal, servers, 3, 0)
+    assert "server_died" in (ctx.run_dir / FAULTS_FILE).read_text()
