@@ -7,7 +7,7 @@ loads in (API server, engine core, workers):
         [rig-gdn] kernel=ns4 source_sha256=<64 hex> pid=1234 platform=cpu
   - `gdn-calls-<pid>.json` in RIG_GDN_STATS_DIR (PrefillStats), written at load (calls 0) and
     kept current as the process runs GDN prefill;
-  - gauge families on the API server's /metrics (kernels/proof_metrics.py):
+  - gauge families on the API server's /metrics (kernels/proof_metrics.py publishes them):
         rig_gdn_kernel_info{kernel,source_sha256,platform,backend,requested_backend,pid} 1
         rig_gdn_prefill_calls{kernel,source_sha256,pid} <calls>
         rig_gdn_prefill_seconds{kernel,source_sha256,pid} <time of the timed calls>
@@ -19,15 +19,16 @@ loads in (API server, engine core, workers):
 `read_kernel_proof` joins log and stats: stats of pids with a marker in this log count, and stats
 carrying the server id of such a pid (processes of the same server whose stderr vLLM captured,
 such as its model-registry inspection subprocess, which loads plugins), so a shared or stale stats
-folder cannot vouch for a server; `read_kernel_proof_from_metrics`
-reads the same facts from /metrics, which also works for servers the rig did not start, and
-`read_plugin_counters` the counters summed over processes.
+folder cannot vouch for a server; `proof_from_samples` reads the same facts from the /metrics
+samples of these families, which also works for servers the rig did not start, and
+`plugin_counters` the counters summed over processes. Fetching /metrics and parsing its text
+are the rig's (rig/load/server_metrics.py, the one client and parser of /metrics): this module
+knows only what the plugin's own families mean.
 """
 
 import json
 import re
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -52,11 +53,9 @@ COMPILES_METRIC = "rig_jit_compiles"  # pid only: compilations are the process's
 PID_LABEL = "pid"
 INFO_LABELS = ("kernel", "source_sha256", "platform", "backend", "requested_backend")
 CALLS_LABELS = ("kernel", "source_sha256")
-_SAMPLE_LINE = re.compile(
-    r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
-)
-_LABEL = re.compile(r'(?P<key>[A-Za-z_]\w*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"')
-_LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+PLUGIN_METRICS = (INFO_METRIC, CALLS_METRIC, SECONDS_METRIC, TIMED_CALLS_METRIC, COMPILES_METRIC)
+# (family, labels, value) of one /metrics sample, as rig.load.server_metrics parses them
+Samples = Iterable[tuple[str, Mapping[str, str], float]]
 
 
 def format_marker(kernel: str, source_sha256: str, pid: int, platform: str) -> str:
@@ -260,36 +259,27 @@ def read_kernel_proof(log_path: Path, stats_dir: Path) -> KernelProof:
     return _proof(loaded, counted, backend.group(0).strip() if backend else None, "log")
 
 
-def _labels(text: str) -> dict[str, str]:
-    labels = {}
-    for match in _LABEL.finditer(text or ""):
-        value = re.sub(r"\\[\\\"n]", lambda m: _LABEL_ESCAPES[m.group(0)], match["value"])
-        labels[match["key"]] = value
-    return labels
-
-
-def _samples(metrics_text: str, names: tuple[str, ...]) -> Iterator[tuple[str, dict, int, float]]:
-    """(name, labels, pid, value) of the samples of `names` in a Prometheus text exposition;
-    samples without a pid are not the plugin's."""
-    for line in metrics_text.splitlines():
-        match = _SAMPLE_LINE.match(line)
-        if match is None or match["name"] not in names:
+def _plugin_samples(
+    samples: Samples, names: tuple[str, ...]
+) -> Iterator[tuple[str, Mapping[str, str], int, float]]:
+    """(name, labels, pid, value) of the samples of `names`; samples without a pid are not the
+    plugin's."""
+    for name, labels, value in samples:
+        if name not in names:
             continue
-        labels = _labels(match["labels"])
         try:
-            pid, value = int(labels.get(PID_LABEL, "")), float(match["value"])
+            pid = int(labels.get(PID_LABEL, ""))
         except ValueError:
             continue
-        yield match["name"], labels, pid, value
+        yield name, labels, pid, value
 
 
-def read_kernel_proof_from_metrics(metrics_text: str) -> KernelProof:
-    """The proof in a Prometheus text exposition (a vLLM server's /metrics): one info sample
-    per process the plugin loaded in (value 1; 0 marks a superseded label set), one calls
-    sample per process and kernel."""
+def proof_from_samples(samples: Samples) -> KernelProof:
+    """The proof in a server's /metrics samples: one info sample per process the plugin loaded
+    in (value 1; 0 marks a superseded label set), one calls sample per process and kernel."""
     loaded: dict[int, PrefillStats] = {}
     counted: list[PrefillStats] = []
-    for name, labels, pid, value in _samples(metrics_text, (INFO_METRIC, CALLS_METRIC)):
+    for name, labels, pid, value in _plugin_samples(samples, (INFO_METRIC, CALLS_METRIC)):
         kernel, sha = labels.get("kernel", ""), labels.get("source_sha256", "")
         if name == CALLS_METRIC:
             counted.append(PrefillStats(kernel, sha, int(value), pid))
@@ -318,12 +308,12 @@ class PluginCounters:
     compiles: int
 
 
-def read_plugin_counters(metrics_text: str) -> PluginCounters | None:
-    """The counters in a Prometheus text exposition; None without rig plugin evidence (no
+def plugin_counters(samples: Samples) -> PluginCounters | None:
+    """The counters in a server's /metrics samples; None without rig plugin evidence (no
     rig_gdn_kernel_info sample of value 1). Superseded label sets are 0 and add nothing."""
     totals = dict.fromkeys((CALLS_METRIC, TIMED_CALLS_METRIC, SECONDS_METRIC, COMPILES_METRIC), 0.0)
     loaded = False
-    for name, _, _, value in _samples(metrics_text, (INFO_METRIC, *totals)):
+    for name, _, _, value in _plugin_samples(samples, (INFO_METRIC, *totals)):
         if name == INFO_METRIC:
             loaded = loaded or value == 1
         else:
@@ -336,18 +326,3 @@ def read_plugin_counters(metrics_text: str) -> PluginCounters | None:
         seconds=totals[SECONDS_METRIC],
         compiles=int(totals[COMPILES_METRIC]),
     )
-
-
-def fetch_metrics_text(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> str:
-    """GET <base_url>/metrics (base_url as the rig keeps it: http://host:port, no /v1)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(base_url.rstrip("/") + "/metrics", headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return response.read().decode("utf-8", errors="replace")
-
-
-def fetch_kernel_proof(
-    base_url: str, api_key: str | None = None, timeout_s: float = 10
-) -> KernelProof:
-    """The proof a running server publishes; read it before the server stops."""
-    return read_kernel_proof_from_metrics(fetch_metrics_text(base_url, api_key, timeout_s))

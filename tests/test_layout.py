@@ -1,10 +1,14 @@
 """The layout says the pipeline: packages import only from the stages before them, no module
-imports itself round a cycle, and no module outgrows one sitting (400 lines)."""
+imports itself round a cycle, no module outgrows one sitting (400 lines), and each stage does
+its own job: HTTP on the wire only in load/ (and serve/'s health checks), tables (pandas) only
+in verdict/ and report/, report/ renders what verdict/ hands it, verdict/ does no network I/O."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 from rig import PROJECT_ROOT
 
@@ -26,6 +30,15 @@ ORDER = (
     "rig.cli",
 )
 MAX_LINES = 400
+HTTP_LIBRARIES = ("urllib.request", "urllib.error", "http.client", "aiohttp", "httpx", "requests")
+# Outside load/, the only modules that may speak HTTP, and why: each asks whether something is
+# up before any load, and nothing it reads goes into a result.
+HEALTH_CHECKS = {
+    "rig.serve.servers": "polls GET /health until a server it started is ready",
+    "rig.serve.preflight": "HEAD of the hub's model page: can the model be fetched at all",
+}
+TABLE_STAGES = ("rig.verdict", "rig.report")  # pandas: the verdict's frames and their rendering
+REPORT_INPUTS = ("rig.records", "rig.report", "rig.verdict")  # report/ renders these, nothing else
 
 
 def _modules() -> dict[str, Path]:
@@ -48,6 +61,32 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return {name for name in found if name in modules}
+
+
+def _imported_names(source: str) -> set[str]:
+    """Every name `source` imports, lazy imports included: the module, and for `from m import
+    x` also m.x (x may be a submodule: `from urllib import request`)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def _uses(source: str, libraries: tuple[str, ...]) -> list[str]:
+    """The names of `libraries` (or their submodules) that `source` imports."""
+    return sorted(
+        name
+        for name in _imported_names(source)
+        if any(name == lib or name.startswith(f"{lib}.") for lib in libraries)
+    )
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(f"{p}.") for p in packages)
 
 
 def _package(module: str) -> str:
@@ -99,3 +138,88 @@ def test_every_package_says_its_job():
     for module, path in _modules().items():
         if path.name == "__init__.py" and module.startswith("rig."):
             assert ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))), module
+
+
+def _stage_modules(*packages: str) -> dict[str, Path]:
+    return {m: p for m, p in _modules().items() if _within(m, packages)}
+
+
+def test_http_only_on_the_wire_and_in_health_checks():
+    """load/ speaks HTTP to the servers; anywhere else an HTTP library is a stage doing load/'s
+    job, except the named health checks."""
+    found = [
+        f"{module} imports {', '.join(used)}"
+        for module, path in _modules().items()
+        if (used := _uses(path.read_text(encoding="utf-8"), HTTP_LIBRARIES))
+        and not _within(module, ("rig.load",))
+        and module not in HEALTH_CHECKS
+    ]
+    assert not found
+
+
+def test_the_named_health_checks_exist_and_need_their_exception():
+    modules = _modules()
+    for module in HEALTH_CHECKS:
+        assert _uses(modules[module].read_text(encoding="utf-8"), HTTP_LIBRARIES), module
+
+
+def test_pandas_only_in_verdict_and_report():
+    """Tables are the verdict's frames and their rendering. kernels/ is a package of its own:
+    its kernel-level checks print their own tables."""
+    found = [
+        module
+        for module, path in _stage_modules("rig").items()
+        if _uses(path.read_text(encoding="utf-8"), ("pandas",))
+        and not _within(module, TABLE_STAGES)
+    ]
+    assert not found
+
+
+def test_report_renders_only_what_verdict_hands_it():
+    """No servers, machine, git or files of the run's inputs: what report/ shows comes in the
+    RunOutcome (rig.records' types inside it)."""
+    modules = _modules()
+    found = [
+        f"{module} imports {imported}"
+        for module, path in _stage_modules("rig.report").items()
+        for imported in sorted(_imports(path, modules))
+        if not _within(imported, REPORT_INPUTS)
+    ]
+    assert not found
+
+
+def test_verdict_does_no_network_io():
+    """verdict/ computes on the records it is given: no HTTP library in it, nor in any project
+    module it imports, at any depth."""
+    modules = _modules()
+    found = []
+    for module in _stage_modules("rig.verdict"):
+        seen, todo = set(), [module]
+        while todo:
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            if used := _uses(modules[current].read_text(encoding="utf-8"), HTTP_LIBRARIES):
+                found.append(f"{module} reaches {current}, which imports {', '.join(used)}")
+            todo.extend(_imports(modules[current], modules))
+    assert not found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import aiohttp",
+        "from urllib import request",
+        "import urllib.request as fetch",
+        "from http.client import HTTPConnection",
+        "def later():\n    import httpx",
+    ],
+)
+def test_an_http_import_is_seen_in_any_form(source):
+    assert _uses(source, HTTP_LIBRARIES)
+
+
+def test_what_speaks_no_http_is_not_taken_for_it():
+    source = "import urllib.parse\nfrom http import HTTPStatus\nimport socket"
+    assert not _uses(source, HTTP_LIBRARIES)

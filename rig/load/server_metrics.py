@@ -1,18 +1,26 @@
-"""A server's own counters, scraped from its Prometheus /metrics before and after each block:
-vLLM's prefix-cache counters (any hit means some prefill never ran the kernel under test), its
-per-request prefill / decode / queue time histograms (the server's side of the timings), and
-the rig plugin's GDN prefill calls, their time and the JIT compilations it saw (a planted
-slowdown's size, the kernel's time per call, and a block that compiled)."""
+"""What a running server says about itself, read untimed: its Prometheus /metrics before and
+after each block, vLLM's prefix-cache counters (any hit means some prefill never ran the kernel
+under test), its per-request prefill / decode / queue time histograms (the server's side of the
+timings), the rig plugin's GDN prefill calls, their time and the JIT compilations it saw (a
+planted slowdown's size, the kernel's time per call, and a block that compiled), and the
+plugin's kernel proof; and its vLLM version (GET /version).
+
+This is the one client and the one parser of /metrics: kernels/proof.py says what the plugin's
+own families mean, given the samples parsed here."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import aiohttp
 from pydantic import SecretStr
 
-from kernels.proof import read_plugin_counters
+from kernels.proof import PLUGIN_METRICS, KernelProof, plugin_counters, proof_from_samples
 from rig.secrets import auth_headers
 
 PREFIX_CACHE = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
@@ -51,37 +59,76 @@ class ServerCounters:
     queue: PhaseTime | None = None
 
 
-_SAMPLE_LINE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
+_SAMPLE_LINE = re.compile(
+    r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
+)
+_LABEL = re.compile(r'(?P<key>[A-Za-z_]\w*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"')
+_LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+class MetricSample(NamedTuple):
+    """One sample of a Prometheus text exposition: its family, labels (unescaped) and value."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def _labels(text: str | None) -> dict[str, str]:
+    return {
+        match["key"]: re.sub(r"\\[\\\"n]", lambda m: _LABEL_ESCAPES[m.group(0)], match["value"])
+        for match in _LABEL.finditer(text or "")
+    }
+
+
+def metric_samples(metrics_text: str, names: Collection[str]) -> list[MetricSample]:
+    """The samples of the families `names` in a /metrics text; a sample whose value is not a
+    number is left out."""
+    samples = []
+    for line in metrics_text.splitlines():
+        match = _SAMPLE_LINE.match(line)
+        if match is None or match["name"] not in names:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        samples.append(MetricSample(match["name"], _labels(match["labels"]), value))
+    return samples
+
+
+async def _get_text(base_url: str, path: str, api_key: SecretStr | None, timeout_s: float) -> str:
+    """GET <base_url><path> (base_url as the rig keeps it: http://host:port, no /v1)."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+        session.get(base_url.rstrip("/") + path, headers=auth_headers(api_key)) as response,
+    ):
+        response.raise_for_status()
+        return await response.text()
+
+
+async def read_metrics_text(
+    base_url: str, api_key: SecretStr | None = None, timeout_s: float = 30
+) -> str:
+    """The server's /metrics text; MetricsUnreadable when it does not answer."""
+    try:
+        return await _get_text(base_url, "/metrics", api_key, timeout_s)
+    except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+        raise MetricsUnreadable(f"{base_url}/metrics: {type(exc).__name__}: {exc}") from None
 
 
 async def read_server_counters(base_url: str, api_key: SecretStr | None = None) -> ServerCounters:
     """One reading of the server's /metrics, summed over label sets (engines, models);
     MetricsUnreadable when it does not answer."""
-    headers = auth_headers(api_key)
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-            session.get(base_url.rstrip("/") + "/metrics", headers=headers) as response,
-        ):
-            response.raise_for_status()
-            text = await response.text()
-    except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-        raise MetricsUnreadable(f"{base_url}/metrics: {type(exc).__name__}: {exc}") from None
-    return parse_server_counters(text)
-
-
-def _totals(metrics_text: str, names: set[str]) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for line in metrics_text.splitlines():
-        match = _SAMPLE_LINE.match(line)
-        if match and match["name"] in names:
-            totals[match["name"]] = totals.get(match["name"], 0.0) + float(match["value"])
-    return totals
+    return parse_server_counters(await read_metrics_text(base_url, api_key))
 
 
 def parse_server_counters(metrics_text: str) -> ServerCounters:
     phase_names = {f"{h}{part}" for h in PHASE_HISTOGRAMS.values() for part in ("_sum", "_count")}
-    totals = _totals(metrics_text, set(PREFIX_CACHE) | phase_names)
+    samples = metric_samples(metrics_text, {*PREFIX_CACHE, *phase_names, *PLUGIN_METRICS})
+    totals: dict[str, float] = {}
+    for sample in samples:
+        totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     missing = [name for name in PREFIX_CACHE if name not in totals]
     if missing:
         raise ValueError(
@@ -93,7 +140,7 @@ def parse_server_counters(metrics_text: str) -> ServerCounters:
         seconds, requests = totals.get(f"{histogram}_sum"), totals.get(f"{histogram}_count")
         return None if seconds is None or requests is None else PhaseTime(seconds, requests)
 
-    plugin = read_plugin_counters(metrics_text)
+    plugin = plugin_counters(samples)
     return ServerCounters(
         queries=totals[PREFIX_CACHE[0]],
         hits=totals[PREFIX_CACHE[1]],
@@ -105,3 +152,27 @@ def parse_server_counters(metrics_text: str) -> ServerCounters:
         decode=phase("decode"),
         queue=phase("queue"),
     )
+
+
+def kernel_proof_from_metrics(metrics_text: str) -> KernelProof:
+    """The kernel proof a server's /metrics text holds (kernels.proof says what it means)."""
+    return proof_from_samples(metric_samples(metrics_text, PLUGIN_METRICS))
+
+
+def fetch_kernel_proof(
+    base_url: str, api_key: SecretStr | None = None, timeout_s: float = 10
+) -> KernelProof:
+    """The proof a running server publishes; read it before the server stops.
+    MetricsUnreadable when /metrics does not answer."""
+    return kernel_proof_from_metrics(asyncio.run(read_metrics_text(base_url, api_key, timeout_s)))
+
+
+def served_version(
+    base_url: str, api_key: SecretStr | None = None, timeout_s: float = 10
+) -> str | None:
+    """What a running server says its vLLM is (GET /version), None when it does not say."""
+    try:
+        text = asyncio.run(_get_text(base_url, "/version", api_key, timeout_s))
+        return str(json.loads(text)["version"])
+    except (OSError, TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
+        return None

@@ -1,2 +1,2 @@
 """What a run leaves for a reviewer: CSV, Markdown, the self-contained report.html and the
-manifest."""
+manifest, rendered from the RunOutcome verdict/ hands over (the manifest built by run/)."""

@@ -23,9 +23,9 @@ from rig.report.markdown import render_markdown
 from rig.report.mismatches import Decode
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
-from rig.verdict.metrics import bench_results, request_frame, summary_frame
+from rig.verdict.metrics import bench_results
 from rig.verdict.outcome import RunOutcome
-from rig.verdict.perf import candidate_rows, perf_frame
+from rig.verdict.perf import candidate_rows
 from rig.verdict.speed import speed_headline
 
 REPORT_FILES = (
@@ -63,21 +63,6 @@ def seeds_table(summary: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
         reference_rows = table["side"] != "candidate"
         table.loc[reference_rows, [c for c in keep if c != "level"]] = None
     return table
-
-
-def load_decoder(manifest: dict) -> Decode | None:
-    """The served model's tokenizer as ids -> text, to name and place the divergent token in
-    report.html; None when the model folder has no tokenizer.json (the page shows token ids)."""
-    path = Path(manifest.get("model_path") or "") / "tokenizer.json"
-    if not path.is_file():
-        return None
-    try:
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception:  # an unreadable tokenizer costs the token names, not the report
-        return None
-    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
 def render_junit(outcome: RunOutcome) -> bytes:
@@ -148,12 +133,10 @@ def remove_report(run_dir: Path) -> None:
 
 def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str, Path]:
     """Write every report file; returns name -> path. `decode` (token ids -> text) names and
-    places tokens in report.html; by default the served model's tokenizer, when it loads."""
+    places tokens in report.html; without it the page shows token ids."""
     out = outcome.run_dir
     out.mkdir(parents=True, exist_ok=True)
-    requests = request_frame(outcome.records)
-    summary = summary_frame(outcome.records, outcome.pairs)
-    deltas = outcome.perf if outcome.perf is not None else perf_frame(outcome.records)
+    requests, summary, deltas = outcome.requests, outcome.summary, outcome.perf
     table = seeds_table(summary, deltas)
     drift = drift_frame(outcome.drift)
     mismatches = pd.DataFrame([p.as_row() for p in outcome.pairs if not p.identical])
@@ -170,7 +153,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     paths["summary.md"].write_text(
         render_markdown(outcome, table), encoding="utf-8", errors="backslashreplace"
     )
-    page = render_html(outcome, summary, deltas, decode or load_decoder(outcome.manifest))
+    page = render_html(outcome, summary, deltas, decode)
     paths["report.html"].write_text(page, encoding="utf-8", errors="backslashreplace")
     paths["junit.xml"].write_bytes(render_junit(outcome))
     manifest = dict(outcome.manifest)

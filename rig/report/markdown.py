@@ -7,11 +7,9 @@ import re
 
 import pandas as pd
 
-from rig.records import LevelFault, ServerDelta
 from rig.report.format import DASH, check, missing, number
 from rig.report.html import headline_texts
 from rig.report.mismatches import mismatch_order
-from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import PairResult
 from rig.verdict.gates import Verdict
 from rig.verdict.outcome import RunOutcome
@@ -152,7 +150,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
         f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
     )
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
-    head += _jit_lines(outcome.faults, outcome.server_deltas)
+    head += _jit_lines(outcome.compiled_blocks)
     head += _server_lines(outcome.perf)
     head += _aa_floor_lines(outcome.perf)
     head += _planted_lines(outcome.perf)
@@ -220,14 +218,12 @@ def _planted_lines(perf: pd.DataFrame | None) -> list[str]:
     return [*lines, ""]
 
 
-def _jit_lines(faults: list[LevelFault], deltas: list[ServerDelta]) -> list[str]:
-    """Blocks in which a server compiled a kernel (its counters or vLLM's log): their time
+def _jit_lines(blocks: list[tuple[int, int, str]]) -> list[str]:
+    """Blocks in which a server compiled a kernel (RunOutcome.compiled_blocks): their time
     holds the compilation, so they are left out of every speed interval (another block ran)."""
-    blocks = {(f.level, f.repeat, f.server) for f in faults if f.kind == JIT_COMPILE}
-    blocks |= {(d.level, d.repeat, d.server) for d in deltas if d.compiled}
     if not blocks:
         return []
-    where = ", ".join(f"C={lvl} repeat {rep} ({side})" for lvl, rep, side in sorted(blocks))
+    where = ", ".join(f"C={lvl} repeat {rep} ({side})" for lvl, rep, side in blocks)
     return [
         _clip(
             f"**JIT compilation during timed blocks:** {where}: left out of the speed "

@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kernels.proof import STATS_DIR_ENV
+from rig.load.replay_records import ForcedLogprobs, ForcedSequence
 from rig.records import RequestRecord, read_records
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
 from rig.secrets import digest, redact_argv, redact_env
 from rig.serve.plan import ServerPlan
-from rig.verdict.drift import ForcedLogprobs, ForcedSequence
 from rig.verdict.gates import SideKernel
 
 DEFAULT_ROOT = Path(".cache/golden")

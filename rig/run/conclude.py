@@ -4,14 +4,16 @@ performance and the verdict, assembled into the record the report stage renders.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from kernels.backends import reference_kernel_name
 from kernels.proof import KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
 from rig.records import ServerDelta
-from rig.report.manifest import build_manifest
+from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
+from rig.run.manifest import build_manifest
 from rig.run.replay import AA_SIDE, aa_concurrency
 from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
@@ -154,6 +156,22 @@ def side_drift(state: RunState, side: str) -> list[DriftResult]:
     if "reference" not in forced or side not in forced:
         return []
     return drift_results(state.sequences, forced["reference"], forced[side])
+
+
+def model_decoder(model_path: str) -> Decode | None:
+    """The served model's tokenizer as ids -> text, for the report to name and place the
+    divergent token; None when the model folder has no tokenizer.json (the page shows token
+    ids)."""
+    path = Path(model_path) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception:  # an unreadable tokenizer costs the token names, not the report
+        return None
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
 def failed_verdict(verdict: Verdict, error: str) -> Verdict:

@@ -8,12 +8,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from kernels.proof import fetch_kernel_proof, read_kernel_proof
+from kernels.proof import read_kernel_proof
+from rig.load.server_metrics import MetricsUnreadable, fetch_kernel_proof, served_version
 from rig.run.state import RunContext, RunState
-from rig.secrets import auth_headers
 from rig.serve.plan import ServerPlan
 from rig.serve.servers import Server
-from rig.serve.skew import served_version
 
 
 @dataclass(frozen=True)
@@ -92,12 +91,12 @@ def read_proofs(state: RunState, servers: dict[str, Server]) -> None:
     log and stats files stand in when /metrics has no evidence. Its vLLM version too, as the
     server says it (GET /version): the only word on a container's or an attached server's."""
     for label, server in servers.items():
-        version = served_version(server.base_url, auth_headers(server.plan.api_key))
+        version = served_version(server.base_url, server.plan.api_key)
         if version is not None:
             state.served_versions[label] = version
         try:
             proof = fetch_kernel_proof(server.base_url, server.plan.api_key)
-        except (OSError, ValueError) as exc:
+        except MetricsUnreadable as exc:
             print(f"rig: no kernel proof on {label}'s /metrics ({exc})", flush=True)
             proof = None
         if (proof is None or not proof.marker_kernels) and server.plan.url is None:

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from rig.interrupts import InterruptsDeferred, interrupts_raise
+from rig.load.replay_records import REPLAY_FILE, write_replay
 from rig.records import REQUESTS_FILE
 from rig.report.files import remove_report, write_report
-from rig.report.manifest import build_manifest
 from rig.run.cache import GoldenCache
-from rig.run.conclude import build_outcome, side_kernels
+from rig.run.conclude import build_outcome, model_decoder, side_kernels
 from rig.run.golden import GoldenLookup, cost_comparison, lookup_golden, store_golden, take_golden
 from rig.run.load_phase import run_load
+from rig.run.manifest import build_manifest
 from rig.run.phases import PhaseSteps, read_proofs, run_phases
 from rig.run.replay import run_aa, run_drift
 from rig.run.state import (
@@ -45,7 +46,6 @@ from rig.serve.hardware import Hardware
 from rig.serve.plan import LaunchPlan
 from rig.serve.preflight import PreflightError, preflight, render_plan
 from rig.serve.servers import ServerError, ServerSet
-from rig.verdict.drift import REPLAY_FILE, write_replay
 from rig.verdict.gates import ExitCode, SideKernel
 from rig.verdict.outcome import RunOutcome
 
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             write_replay(run_dir / REPLAY_FILE, runner.state.sequences, runner.state.forced)
             outcome = runner.outcome(error)
-            paths = write_report(outcome)
+            paths = write_report(outcome, model_decoder(runner.ctx.model_path))
         except Exception as exc:  # the raw results are on disk; say where, keep the traceback
             (run_dir / "report-error.txt").write_text(traceback.format_exc())
             print(

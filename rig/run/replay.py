@@ -4,13 +4,14 @@ behind every divergence) and the A/A control on the reference server."""
 from __future__ import annotations
 
 from rig.load.engine import run_level
+from rig.load.replay_client import forced_sequences, replay_forced
 from rig.records import ServerTarget, SideJob
 from rig.run.load_phase import server_targets
 from rig.run.state import RunContext, RunState
 from rig.scenario.config import Scenario
 from rig.scenario.workload import level_requests, tokenize_body
 from rig.serve.servers import Server
-from rig.verdict.drift import forced_sequences, replay_forced, replay_selection
+from rig.verdict.drift import replay_selection
 
 AA_SIDE = "reference-aa"
 

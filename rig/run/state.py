@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kernels.proof import KernelProof
+from rig.load.replay_records import ForcedLogprobs, ForcedSequence
 from rig.records import REQUESTS_FILE, LevelFault, RequestRecord, ServerDelta, read_records
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.prompts import Prompt
 from rig.serve.plan import LaunchPlan
-from rig.verdict.drift import ForcedLogprobs, ForcedSequence
 
 SERVER_COUNTERS_FILE = "server_counters.jsonl"
 FAULTS_FILE = "faults.jsonl"

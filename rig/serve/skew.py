@@ -3,9 +3,6 @@ declares, or anything with allow_version_skew) and what the servers report once 
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 from kernels.backends import UnsupportedVllmError, parse_vllm_version
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.installs import SideInstall
@@ -43,16 +40,6 @@ def install_skew(scenario: Scenario, installs: dict[str, SideInstall]) -> list[s
                 "to compare them anyway)"
             )
     return problems
-
-
-def served_version(base_url: str, headers: dict[str, str], timeout_s: float = 10) -> str | None:
-    """What a running server says its vLLM is (GET /version), None when it does not say."""
-    request = urllib.request.Request(base_url.rstrip("/") + "/version", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return str(json.loads(response.read())["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def served_skew(scenario: Scenario, versions: dict[str, str]) -> str | None:

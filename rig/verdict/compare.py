@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from rig.load.replay_records import REPLAY_FILE, read_replay
 from rig.records import (
     REQUESTS_FILE,
     CompletionKey,
@@ -31,7 +32,6 @@ from rig.records import (
     read_records,
 )
 from rig.scenario.config import GatesConfig
-from rig.verdict.drift import REPLAY_FILE, read_replay
 
 EXCERPT_CHARS = 40
 DivergenceKind = Literal["near_tie", "substantive", "unclassified"]

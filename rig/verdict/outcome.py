@@ -1,5 +1,6 @@
 """RunOutcome: everything a run produced, as the verdict stage hands it to the report (which
-only renders it). rig/run/conclude.py builds it from the run's state."""
+only renders it): the frames every report file shows are computed here, once. rig/run/conclude.py
+builds it from the run's state."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from pathlib import Path
 import pandas as pd
 
 from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
+from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, Verdict
+from rig.verdict.metrics import request_frame, summary_frame
+from rig.verdict.perf import perf_frame
 from rig.verdict.speed import SpeedDesign
 
 
@@ -33,7 +37,8 @@ class RunOutcome:
     aa_pairs: list[PairResult] | None = None
     aa_drift: list[DriftResult] | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    perf: pd.DataFrame | None = None  # rig.verdict.perf.perf_frame, with the A/A floor when it ran
+    # rig.verdict.perf.perf_frame, with the A/A floor when it ran; the records' alone if not given
+    perf: pd.DataFrame | None = None
     error: str | None = None
     prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
     speed: SpeedDesign = field(default_factory=lambda: SpeedDesign(True))
@@ -42,3 +47,19 @@ class RunOutcome:
     reference_source: str = ""  # where the reference's results came from, when not this run
     # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
+    requests: pd.DataFrame = field(init=False)  # one row per request, vllm bench's metrics
+    summary: pd.DataFrame = field(init=False)  # per side, level and repeat
+
+    def __post_init__(self) -> None:
+        self.requests = request_frame(self.records)
+        self.summary = summary_frame(self.records, self.pairs)
+        if self.perf is None:
+            self.perf = perf_frame(self.records)
+
+    @property
+    def compiled_blocks(self) -> list[tuple[int, int, str]]:
+        """(level, repeat, server) of the blocks in which a server compiled a kernel (its
+        counters or vLLM's log said so): their time holds the compilation."""
+        blocks = {(f.level, f.repeat, f.server) for f in self.faults if f.kind == JIT_COMPILE}
+        blocks |= {(d.level, d.repeat, d.server) for d in self.server_deltas if d.compiled}
+        return sorted(blocks)

@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
+from rig.load.replay_records import REPLAY_FILE, read_replay
 from rig.models.tiny_lm import REGIME_LAYER, ensure_tiny_lm
 from rig.records import REQUESTS_FILE, RequestRecord
 from rig.scenario.config import SIDES
-from rig.verdict.drift import REPLAY_FILE, read_replay
 
 from .conftest import REPO, RUN_TIMEOUT_S, RigRun, rig_processes
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from rig.load.replay_records import REPLAY_FILE
 from rig.records import REQUESTS_FILE
 from rig.report.files import REPORT_FILES
-from rig.verdict.drift import REPLAY_FILE
 
 from .conftest import rig_processes
 

@@ -1,4 +1,5 @@
-"""Reading back which kernel a server ran from its log and stats folder, or its /metrics."""
+"""Reading back which kernel a server ran from its log and stats folder, or its /metrics
+(parsed by rig.load.server_metrics, the one parser of /metrics)."""
 
 import json
 
@@ -8,19 +9,24 @@ from kernels.proof import (
     CALLS_METRIC,
     COMPILES_METRIC,
     INFO_METRIC,
+    PLUGIN_METRICS,
     SECONDS_METRIC,
     TIMED_CALLS_METRIC,
     PluginCounters,
     PrefillStats,
     format_marker,
+    plugin_counters,
     read_kernel_proof,
-    read_kernel_proof_from_metrics,
-    read_plugin_counters,
     stats_file_name,
 )
+from rig.load.server_metrics import kernel_proof_from_metrics, metric_samples
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
+
+
+def read_plugin_counters(metrics_text: str) -> PluginCounters | None:
+    return plugin_counters(metric_samples(metrics_text, PLUGIN_METRICS))
 
 
 def write_stats(folder, pid, kernel, calls, sha=SHA_A, server=""):
@@ -153,7 +159,7 @@ def test_metrics_proof_of_a_candidate():
             calls_line(32, "ns4", 6),
         ]
     )
-    proof = read_kernel_proof_from_metrics(text)
+    proof = kernel_proof_from_metrics(text)
     assert proof.origin == "metrics"
     assert proof.kernel == proof.backend == "ns4" and proof.calls == 6
     assert proof.pids == (32,) and proof.loaded_pids == (30, 31, 32)
@@ -166,7 +172,7 @@ def test_metrics_proof_of_a_candidate():
 def test_a_restarted_servers_proofs_add_up():
     def started(pid: int, calls: int):
         lines = [f"# TYPE {INFO_METRIC} gauge", info_line(pid, "ns4", backend="cpu-native")]
-        return read_kernel_proof_from_metrics("\n".join([*lines, calls_line(pid, "ns4", calls)]))
+        return kernel_proof_from_metrics("\n".join([*lines, calls_line(pid, "ns4", calls)]))
 
     both = started(40, 6).combined_with(started(50, 8))
     assert both.calls == 14 and both.pids == (40, 50) and both.loaded_pids == (40, 50)
@@ -175,11 +181,11 @@ def test_a_restarted_servers_proofs_add_up():
 
 
 def test_metrics_tell_not_loaded_from_never_called():
-    not_loaded = read_kernel_proof_from_metrics(VLLM_METRICS)
+    not_loaded = kernel_proof_from_metrics(VLLM_METRICS)
     assert not_loaded.kernel == "unknown" and not_loaded.marker_kernels == ()
     assert "not loaded" in not_loaded.describe() and "/metrics" in not_loaded.describe()
 
-    idle = read_kernel_proof_from_metrics(
+    idle = kernel_proof_from_metrics(
         "\n".join([info_line(40, "vllm-cpu-native"), calls_line(40, "vllm-cpu-native", 0)])
     )
     assert idle.marker_kernels == ("vllm-cpu-native",) and idle.loaded_pids == (40,)
@@ -220,12 +226,6 @@ def test_no_plugin_evidence_no_counters():
     assert read_plugin_counters(superseded_only) is None
 
 
-def test_metrics_label_values_are_unescaped_and_order_free():
-    line = f'{CALLS_METRIC}{{source_sha256="{SHA_B}",pid="7",kernel="ns\\"4\\\\x"}} 3 1700000000'
-    proof = read_kernel_proof_from_metrics(line)
-    assert proof.executed_kernels == ('ns"4\\x',) and proof.calls == 3 and proof.pids == (7,)
-
-
 @pytest.mark.parametrize(
     ("executed", "platform", "vllm_backend", "requested", "problem"),
     [
@@ -250,5 +250,5 @@ def test_reference_backend_problem(executed, platform, vllm_backend, requested, 
             calls_line(50, executed, 4),
         ]
     )
-    found = read_kernel_proof_from_metrics(text).reference_backend_problem(requested)
+    found = kernel_proof_from_metrics(text).reference_backend_problem(requested)
     assert found == problem if problem is None else problem in found

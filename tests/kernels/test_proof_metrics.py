@@ -1,6 +1,6 @@
 """The plugin's evidence on /metrics: the stats-file collector (vLLM's default registry) and the
-multiprocess gauges (PROMETHEUS_MULTIPROC_DIR), read back by read_kernel_proof_from_metrics and
-read_plugin_counters."""
+multiprocess gauges (PROMETHEUS_MULTIPROC_DIR), read back as the rig reads /metrics
+(rig.load.server_metrics) into the proof and the plugin's counters."""
 
 import os
 import subprocess
@@ -11,16 +11,21 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
 from kernels.proof import (
+    PLUGIN_METRICS,
     PluginCounters,
     PrefillStats,
-    read_kernel_proof_from_metrics,
-    read_plugin_counters,
+    plugin_counters,
     stats_file_name,
 )
 from kernels.proof_metrics import StatsCollector
+from rig.load.server_metrics import kernel_proof_from_metrics, metric_samples
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "c" * 64
+
+
+def read_plugin_counters(metrics_text: str) -> PluginCounters | None:
+    return plugin_counters(metric_samples(metrics_text, PLUGIN_METRICS))
 
 
 def write(stats_dir: Path, record: PrefillStats) -> None:
@@ -39,13 +44,13 @@ def test_collector_serves_this_servers_stats_files(tmp_path):
     registry = CollectorRegistry()
     registry.register(StatsCollector(tmp_path, "s1"))
 
-    proof = read_kernel_proof_from_metrics(scrape(registry))
+    proof = kernel_proof_from_metrics(scrape(registry))
     assert proof.kernel == "ns4" and proof.calls == 9 and proof.pids == (103,)
     assert proof.loaded_pids == (101, 102, 103) and proof.source_sha256 == (SHA,)
     assert proof.vllm_backends == ("cpu-native",) and proof.requested_backend == "triton"
 
     write(tmp_path, PrefillStats("ns4", SHA, 11, 103, "cpu", "cpu-native", "triton", "s1"))
-    assert read_kernel_proof_from_metrics(scrape(registry)).calls == 11  # read at scrape time
+    assert kernel_proof_from_metrics(scrape(registry)).calls == 11  # read at scrape time
 
 
 def test_collector_serves_time_and_compilations(tmp_path):
@@ -68,7 +73,7 @@ def test_collector_serves_time_and_compilations(tmp_path):
 def test_collector_with_no_stats_yet(tmp_path):
     registry = CollectorRegistry()
     registry.register(StatsCollector(tmp_path / "missing", "s1"))
-    proof = read_kernel_proof_from_metrics(scrape(registry))
+    proof = kernel_proof_from_metrics(scrape(registry))
     assert proof.marker_kernels == () and proof.calls == 0
 
 
@@ -100,7 +105,7 @@ def test_multiprocess_gauges_reach_vllms_multiprocess_registry(tmp_path):
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
 
-    proof = read_kernel_proof_from_metrics(scrape(registry))
+    proof = kernel_proof_from_metrics(scrape(registry))
     pid = int(worker.stdout)
     assert proof.loaded_pids == (pid,) and proof.pids == (pid,)
     assert proof.marker_kernels == ("vllm-triton",) and proof.backend == "vllm-triton"

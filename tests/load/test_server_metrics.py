@@ -1,12 +1,26 @@
-"""vLLM's prefix-cache counters: parsed from /metrics, summed over label sets."""
+"""A server's own word, read untimed: /metrics parsed (vLLM's prefix-cache counters summed over
+label sets, the plugin's proof), one client for /metrics and /version, an API key sent."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 
 import pytest
+from aiohttp import web
+from pydantic import SecretStr
 
-from rig.load.server_metrics import parse_server_counters, read_server_counters
+from kernels.proof import CALLS_METRIC, INFO_METRIC
+from rig.load.server_metrics import (
+    MetricsUnreadable,
+    fetch_kernel_proof,
+    kernel_proof_from_metrics,
+    metric_samples,
+    parse_server_counters,
+    read_server_counters,
+    served_version,
+)
 from rig.records import RequestSpec
 from rig.stub.server import StubConfig, serve_in_thread
 from tests.stub_requests import one_side, spec
@@ -56,3 +70,74 @@ def test_counters_read_from_the_stub_show_a_repeated_unsalted_prompt():
         after = asyncio.run(read_server_counters(stub.url))
     assert (before.queries, before.hits) == (0.0, 0.0)
     assert after.queries == 6.0 and after.hits == 3.0  # same salt and prompt: a hit
+
+
+def test_label_values_are_unescaped_and_order_free():
+    line = f'{CALLS_METRIC}{{source_sha256="{"b" * 64}",pid="7",kernel="ns\\"4\\\\x"}} 3 1700000000'
+    (sample,) = metric_samples(line + "\nnot a sample\n", {CALLS_METRIC})
+    assert sample.labels == {"source_sha256": "b" * 64, "pid": "7", "kernel": 'ns"4\\x'}
+    assert sample.value == 3.0  # the timestamp is not the value
+    proof = kernel_proof_from_metrics(line)
+    assert proof.executed_kernels == ('ns"4\\x',) and proof.calls == 3 and proof.pids == (7,)
+
+
+PLUGIN_METRICS_TEXT = "\n".join(
+    [
+        VLLM_METRICS,
+        f'{INFO_METRIC}{{kernel="ns4",source_sha256="{"a" * 64}",platform="cpu",pid="30"}} 1.0',
+        f'{CALLS_METRIC}{{kernel="ns4",source_sha256="{"a" * 64}",pid="30"}} 6.0',
+    ]
+)
+
+
+@pytest.fixture
+def keyed_server():
+    """A server that asks for `Bearer sk-test` on /metrics and /version, as vLLM's --api-key
+    does, in a thread of its own; yields its base URL."""
+
+    def guarded(answer):
+        async def handler(request: web.Request) -> web.Response:
+            if request.headers.get("Authorization") != "Bearer sk-test":
+                return web.Response(status=401, text="unauthorized")
+            return answer()
+
+        return handler
+
+    app = web.Application()
+    app.router.add_get("/metrics", guarded(lambda: web.Response(text=PLUGIN_METRICS_TEXT)))
+    app.router.add_get("/version", guarded(lambda: web.json_response({"version": "0.32.0"})))
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+    host, port = runner.addresses[0][:2]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def test_the_proof_and_version_are_read_with_the_servers_api_key(keyed_server):
+    key = SecretStr("sk-test")
+    proof = fetch_kernel_proof(keyed_server, key)
+    assert proof.kernel == "ns4" and proof.calls == 6 and proof.origin == "metrics"
+    assert served_version(keyed_server, key) == "0.32.0"
+    counters = asyncio.run(read_server_counters(keyed_server, key))
+    assert (counters.queries, counters.gdn_prefill_calls) == (1500.0, 6)
+    with pytest.raises(MetricsUnreadable, match="401"):
+        fetch_kernel_proof(keyed_server, SecretStr("wrong"))
+    assert served_version(keyed_server) is None
+
+
+def test_a_server_that_does_not_answer_is_unreadable():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, never listening
+        with pytest.raises(MetricsUnreadable, match="/metrics"):
+            fetch_kernel_proof(url)
+        assert served_version(url) is None

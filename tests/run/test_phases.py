@@ -4,6 +4,7 @@ import pytest
 
 import rig.run.phases
 from kernels.proof import KernelProof
+from rig.load.server_metrics import MetricsUnreadable
 from rig.run.phases import PhaseSteps, Round, phase_rounds, read_proofs, run_phases
 from rig.run.state import RunState
 from rig.serve.hardware import Hardware
@@ -134,7 +135,7 @@ def test_a_restarted_servers_metrics_proofs_add_up_and_a_silent_one_falls_back_t
 
     def fetch(url, api_key):
         if url not in metrics:
-            raise OSError("connection refused")
+            raise MetricsUnreadable("connection refused")
         return metrics[url]
 
     monkeypatch.setattr(rig.run.phases, "fetch_kernel_proof", fetch)

@@ -3,13 +3,13 @@ each stage has its own tests/run/test_<stage>.py)."""
 
 import pytest
 
+from rig.load.replay_records import ForcedSequence
 from rig.records import REQUESTS_FILE
 from rig.run.cache import GoldenCache
 from rig.run.golden import lookup_golden, store_golden
 from rig.run.pipeline import EXIT_ERROR, Runner, _check_resumable, main
 from rig.run.state import RunState
 from rig.scenario.config import ScenarioError
-from rig.verdict.drift import ForcedSequence
 from rig.verdict.gates import SideKernel
 from tests.run_fakes import open_journal, run_context, scenario
 

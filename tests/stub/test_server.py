@@ -14,10 +14,11 @@ import time
 import aiohttp
 import pytest
 
+from rig.load.replay_client import forced_sequences, replay_forced
 from rig.records import ServerTarget
 from rig.stub.answers import forced_logprob, token_text, tokenize
 from rig.stub.server import StubConfig, serve_in_thread
-from rig.verdict.drift import drift_results, forced_sequences, replay_forced
+from rig.verdict.drift import drift_results
 
 FAST = StubConfig(ttft_s=0.03, itl_s=0.01, output_tokens=6)
 

@@ -2,6 +2,7 @@ import math
 
 import pytest
 
+from rig.load.replay_records import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
 from rig.records import REQUESTS_FILE, TokenLogprob, is_transport_error
 from rig.verdict.compare import (
     EXCERPT_CHARS,
@@ -14,7 +15,6 @@ from rig.verdict.compare import (
     side_records,
 )
 from rig.verdict.compare import main as compare_main
-from rig.verdict.drift import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
 
 MARGIN = 0.25
 
@@ -337,7 +337,7 @@ def test_candidate_transport_error_is_candidate_only(make_record):
 
 
 def test_nonfinite_logprobs_in_the_candidates_replay_are_a_candidate_pathology(make_record):
-    """vLLM sends a broken kernel's NaN as null, read as NaN (rig.verdict.drift)."""
+    """vLLM sends a broken kernel's NaN as null, read as NaN (rig.load.replay_client)."""
     ref, cand, replayed = pair_at_third_token(make_record, {3: -0.5, 9: -0.6}, {9: -0.5, 3: -0.6})
     cand.text = ref.text
     key = ("p0", (1, 2, 3, 4))

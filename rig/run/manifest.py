@@ -1,7 +1,10 @@
 """manifest.json: what produced a run's results, as a kernel engineer would otherwise note it by
 hand: the scenario, both sides' argv and environment, versions, the rig's own tree (commit,
 uncommitted changes), the machine (GPU model, driver, CUDA runtime), and the numerics knobs set
-in the environment (FLA_*, TRITON_*, VLLM_*, CUDA_*, NCCL_*, TORCH_*), secrets redacted."""
+in the environment (FLA_*, TRITON_*, VLLM_*, CUDA_*, NCCL_*, TORCH_*), secrets redacted.
+
+Gathered here, where the run asks the machine, git and the plan; rig.report only writes the
+dict it is handed (with the verdict added) as manifest.json."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ environment, the rig's own tree, the machine."""
 
 import json
 
-from rig.report.manifest import build_manifest, git_state
+from rig.run.manifest import build_manifest, git_state
 from rig.scenario.config import Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.plan import plan_servers
@@ -50,7 +50,7 @@ def test_git_state_hashes_uncommitted_changes(monkeypatch):
         "status": " M rig/run/pipeline.py\n",
         "diff": "diff --git",
     }
-    monkeypatch.setattr("rig.report.manifest._git", lambda command, *rest: outputs[command])
+    monkeypatch.setattr("rig.run.manifest._git", lambda command, *rest: outputs[command])
     state = git_state()
     assert state["dirty"] and state["diff_sha256"] and state["sha"] == "a" * 40
     outputs["status"] = ""
