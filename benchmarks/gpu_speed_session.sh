@@ -7,7 +7,9 @@
 #   call 1: mkdir -p /tmp/vllm-parts && cp .whl0/*.part00 /tmp/vllm-parts/        (carry .whl0)
 #   call 2: bash benchmarks/gpu_speed_session.sh start [SECONDS]   (carry .whl1, rig.egg-info)
 #   then:   bash benchmarks/gpu_speed_session.sh wait SECONDS      (until it says finished)
-# Each prints the log's tail and copies the summary, the runs' perf.csv and the log to $OUT.
+# Each prints the log's tail and copies the summary, the runs' perf.csv, records, server counters
+# and logs to $OUT. KEEP_WORK=1: /tmp/rig already holds the project (unpacked in call 1 from a
+# tarball of a commit), so the working tree the device copies is not used.
 set -uo pipefail
 PY=${PYTHON:-/opt/torch/.venv/bin/python3}
 WORK=/tmp/rig
@@ -26,7 +28,9 @@ report() {
     mkdir -p "${OUT:-/tmp/out}"
     cp "$LOG" "${OUT:-/tmp/out}/control.log" 2>/dev/null
     for name in aa planted ns4; do
-        cp "$RESULTS/gpu-speed/$name/perf.csv" "${OUT:-/tmp/out}/$name-perf.csv" 2>/dev/null
+        for file in perf.csv requests.jsonl server_counters.jsonl manifest.json; do
+            cp "$RESULTS/gpu-speed/$name/$file" "${OUT:-/tmp/out}/$name-$file" 2>/dev/null
+        done
         cp "$RESULTS/gpu-speed/$name.log" "${OUT:-/tmp/out}/$name.log" 2>/dev/null
     done
     cp "$RESULTS/gpu-speed/summary.md" "${OUT:-/tmp/out}/summary.md" 2>/dev/null
@@ -39,8 +43,10 @@ start)
     if [ ! -d /tmp/vllm-site/vllm ]; then
         CARRY=.whl1 bash .whl1/remote_install.sh || exit 2
     fi
-    rm -rf "$WORK" && mkdir -p "$WORK"
-    tar --exclude=./.whl0 --exclude=./.whl1 -cf - . | tar -xf - -C "$WORK"
+    if [ -z "${KEEP_WORK:-}" ]; then
+        rm -rf "$WORK" && mkdir -p "$WORK"
+        tar --exclude=./.whl0 --exclude=./.whl1 -cf - . | tar -xf - -C "$WORK"
+    fi
     cd "$WORK" || exit 2
     "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_prefill_counter.py 2>&1 | tail -n 3
     # shellcheck disable=SC2086  # ARGS is a list of options

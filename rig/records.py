@@ -148,6 +148,9 @@ class RequestRecord:
     # and the earlier token takes the later one's time: the client was overloaded.
     client_lag_s: float | None = None
     replica: int = 0  # the replica pair that served it; a request pair never spans two
+    # arrival: waves: how long the paused server held it before its wave was released; its
+    # sent_at, TTFT and E2EL count from the release (rig.load.waves)
+    held_s: float | None = None
 
     @property
     def cancelled(self) -> bool:

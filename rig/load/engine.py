@@ -13,8 +13,9 @@ fewer than two cores per side one loop does better (`run_level(isolation=...)`).
 main module must be importable without side effects (spawn re-imports it): guard scripts with
 `if __name__ == "__main__":`.
 
-A failed request becomes a record with `error` set (rig.records); only a crash of the client
-itself raises.
+One side's loop (in order, C in flight, paced or in gated waves) is rig.load.side. A failed
+request becomes a record with `error` set (rig.records); only a crash of the client itself
+raises.
 """
 
 from __future__ import annotations
@@ -25,140 +26,15 @@ import multiprocessing
 import os
 import queue
 import signal
-import time
 import traceback
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
 from rig.load.http_client import ConnectionPool
-from rig.load.request import send_request
-from rig.records import (
-    ErrorKind,
-    RequestRecord,
-    RequestSpec,
-    SideJob,
-    empty_record,
-    server_label,
-)
-
-# -- one side -----------------------------------------------------------------------------------
-
-
-def arrival_offsets(
-    count: int, request_rate: float | None, burstiness: float, seed: int
-) -> list[float] | None:
-    """Send times relative to the first request, gamma-distributed gaps (Poisson at
-    burstiness 1, like `vllm bench serve`); None means send as fast as concurrency allows.
-    The same seed gives every side the same schedule."""
-    if request_rate is None or request_rate == float("inf") or count == 0:
-        return None
-    if request_rate <= 0 or burstiness <= 0:
-        raise ValueError("request_rate and burstiness must be positive")
-    rng = np.random.default_rng(seed)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=count)
-    gaps[0] = 0.0
-    return np.cumsum(gaps).tolist()
-
-
-async def drive_side(
-    job: SideJob,
-    concurrency: int,
-    timeout_s: float,
-    emit: Callable[[RequestRecord], None],
-    *,
-    offsets: list[float] | None = None,
-    level_timeout_s: float | None = None,
-    before_measured: Callable[[], Awaitable[Any]] | None = None,
-) -> None:
-    """Send one side's specs in order with at most `concurrency` in flight: warm-up specs
-    first, then `await before_measured()` (a start barrier across sides), then the measured
-    specs, paced by `offsets` when given.
-
-    Every spec yields exactly one record through `emit`; when `level_timeout_s` runs out the
-    requests in flight and those never sent get a "timeout" record. When `emit` fails (the
-    records cannot be kept, e.g. the disk is full), or the client itself does (a bug of the
-    rig's, never a server's), nothing more is sent and that error is raised.
-    """
-    warmups = [s for s in job.specs if s.warmup]
-    measured = [s for s in job.specs if not s.warmup]
-    pool = ConnectionPool(job.target.base_url)
-    slots = asyncio.Semaphore(job.concurrency or concurrency)
-    in_flight: set[asyncio.Task] = set()
-    emitted: set[str] = set()
-    level_expired = False
-    expired_error = ErrorKind.TIMEOUT.error(f"level deadline of {level_timeout_s} s passed")
-
-    emit_errors: list[Exception] = []
-
-    def finish(record: RequestRecord) -> None:
-        emitted.add(record.request_id)
-        try:
-            emit(record)
-        except Exception as exc:  # raised from the side below, not lost inside a task
-            emit_errors.append(exc)
-
-    def stop_if_emit_failed() -> None:
-        if emit_errors:
-            raise emit_errors[0]
-
-    async def one(spec: RequestSpec) -> None:
-        try:
-            finish(await send_request(pool, job.target, spec, timeout_s))
-        except asyncio.CancelledError as exc:
-            if (cancelled := getattr(exc, "record", None)) is not None:
-                if level_expired:
-                    cancelled.error = expired_error
-                finish(cancelled)
-            raise
-        except Exception as exc:  # the rig's own bug (send_request records the server's)
-            emit_errors.append(exc)
-        finally:
-            slots.release()
-
-    async def dispatch(specs: list[RequestSpec], paced: bool) -> None:
-        began = time.perf_counter()
-        for i, spec in enumerate(specs):
-            if paced and offsets is not None:
-                await asyncio.sleep(max(0.0, began + offsets[i] - time.perf_counter()))
-            await slots.acquire()
-            stop_if_emit_failed()
-            task = asyncio.create_task(one(spec))
-            in_flight.add(task)
-            task.add_done_callback(in_flight.discard)
-        while in_flight:
-            await asyncio.wait(set(in_flight), return_when=asyncio.FIRST_COMPLETED)
-            stop_if_emit_failed()
-
-    async def run_all() -> None:
-        await dispatch(warmups, paced=False)
-        if before_measured is not None:
-            await before_measured()
-        await dispatch(measured, paced=True)
-
-    try:
-        async with asyncio.timeout(level_timeout_s):
-            await run_all()
-    except TimeoutError:
-        level_expired = True
-        for task in in_flight:
-            task.cancel()
-        await asyncio.gather(*in_flight, return_exceptions=True)
-        for spec in job.specs:
-            if spec.request_id not in emitted:
-                record = empty_record(job.target, spec)
-                record.error = expired_error
-                finish(record)
-        stop_if_emit_failed()
-    finally:
-        for task in in_flight:
-            task.cancel()
-        await asyncio.gather(*in_flight, return_exceptions=True)
-        pool.close()
-
-
-# -- a level: all sides at once -----------------------------------------------------------------
+from rig.load.side import arrival_offsets, drive_side
+from rig.load.waves import ServerGate
+from rig.records import RequestRecord, SideJob, server_label
 
 
 def run_level(
@@ -173,8 +49,10 @@ def run_level(
     level_timeout_s: float | None = None,
     seed: int = 0,
     isolation: Literal["auto", "process", "inline"] = "auto",
+    waves: bool = False,
 ) -> dict[str, list[RequestRecord]]:
-    """Drive every side at the same time; records come back per side in spec order.
+    """Drive every side at the same time; records come back per side in spec order. `waves`:
+    each server's requests go in gated waves of its concurrency (rig.load.waves).
 
     `isolation`: "process" drives each side from its own spawned process, "inline" all sides
     from one event loop in this process; "auto" takes processes when there are at least two
@@ -206,10 +84,11 @@ def run_level(
         if isolation == "auto":
             apart = len(jobs) > 1 and _cores() >= 2 * len(jobs)
             isolation = "process" if apart else "inline"
+        drive = SideDrive(concurrency, timeout_s, offsets, level_timeout_s, waves)
         if isolation == "inline":
-            _run_inline(jobs, concurrency, timeout_s, offsets, level_timeout_s, collect)
+            _run_inline(jobs, drive, collect)
         else:
-            _run_in_processes(jobs, concurrency, timeout_s, offsets, level_timeout_s, collect)
+            _run_in_processes(jobs, drive, collect)
     finally:
         if bar is not None:
             bar.close()
@@ -253,23 +132,38 @@ def progress_bar(total: int, concurrency: int, enabled: bool):
     return tqdm(total=total, desc=f"C={concurrency}", unit="req", leave=False)
 
 
-def _run_inline(jobs, concurrency, timeout_s, offsets, level_timeout_s, collect) -> None:
+@dataclass(frozen=True)
+class SideDrive:
+    """How every side of a level is driven (drive_side's arguments but the job's own)."""
+
+    concurrency: int
+    timeout_s: float
+    offsets: list[float] | None
+    level_timeout_s: float | None
+    waves: bool
+
+    def drive(
+        self,
+        job: SideJob,
+        emit: Callable[[RequestRecord], None],
+        before_measured: Callable[[], Awaitable[Any]],
+    ) -> Awaitable[None]:
+        return drive_side(
+            job,
+            self.concurrency,
+            self.timeout_s,
+            emit,
+            offsets=self.offsets,
+            level_timeout_s=self.level_timeout_s,
+            before_measured=before_measured,
+            gate=ServerGate(job.target) if self.waves else None,
+        )
+
+
+def _run_inline(jobs: list[SideJob], drive: SideDrive, collect) -> None:
     async def main() -> None:
         barrier = asyncio.Barrier(len(jobs))
-        await asyncio.gather(
-            *(
-                drive_side(
-                    job,
-                    concurrency,
-                    timeout_s,
-                    collect,
-                    offsets=offsets,
-                    level_timeout_s=level_timeout_s,
-                    before_measured=barrier.wait,
-                )
-                for job in jobs
-            )
-        )
+        await asyncio.gather(*(drive.drive(job, collect, barrier.wait) for job in jobs))
 
     event_loop_runner()(main())
 
@@ -285,7 +179,7 @@ def event_loop_runner() -> Callable:
         return asyncio.run
 
 
-def _run_in_processes(jobs, concurrency, timeout_s, offsets, level_timeout_s, collect) -> None:
+def _run_in_processes(jobs: list[SideJob], drive: SideDrive, collect) -> None:
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
     stop = context.Event()
@@ -293,7 +187,7 @@ def _run_in_processes(jobs, concurrency, timeout_s, offsets, level_timeout_s, co
     workers = [
         context.Process(
             target=_side_worker,
-            args=(job, concurrency, timeout_s, offsets, level_timeout_s, messages, stop, barrier),
+            args=(job, drive, messages, stop, barrier),
             name=f"rig-load-{job.target.label}",
             daemon=True,
         )
@@ -342,7 +236,7 @@ def _run_in_processes(jobs, concurrency, timeout_s, offsets, level_timeout_s, co
         raise RuntimeError(failure)
 
 
-def _side_worker(job, concurrency, timeout_s, offsets, level_timeout_s, messages, stop, barrier):
+def _side_worker(job, drive: SideDrive, messages, stop, barrier):
     """One side in its own process: Ctrl-C is the parent's to handle, it tells us via `stop`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     side = job.target.label
@@ -353,23 +247,15 @@ def _side_worker(job, concurrency, timeout_s, offsets, level_timeout_s, messages
         async def wait_for_peers() -> None:
             await loop.run_in_executor(None, barrier.wait)
 
-        drive = asyncio.create_task(
-            drive_side(
-                job,
-                concurrency,
-                timeout_s,
-                lambda record: messages.put(("record", side, record)),
-                offsets=offsets,
-                level_timeout_s=level_timeout_s,
-                before_measured=wait_for_peers,
-            )
+        task = asyncio.create_task(
+            drive.drive(job, lambda record: messages.put(("record", side, record)), wait_for_peers)
         )
-        while not drive.done():
-            await asyncio.wait([drive], timeout=0.05)
-            if stop.is_set() and not drive.done():
-                drive.cancel()
+        while not task.done():
+            await asyncio.wait([task], timeout=0.05)
+            if stop.is_set() and not task.done():
+                task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await drive
+            await task
 
     try:
         event_loop_runner()(main())

@@ -78,8 +78,13 @@ class HttpResponse:
     """Incremental HTTP/1.1 response parser: status and headers, then the body (chunked,
     Content-Length or until close) handed to `on_body` piece by piece with its time stamp."""
 
-    def __init__(self, on_body: Callable[[bytes, float], None]) -> None:
+    def __init__(
+        self,
+        on_body: Callable[[bytes, float], None],
+        on_head: Callable[[], None] | None = None,
+    ) -> None:
         self.on_body = on_body
+        self.on_head = on_head  # called once the status line and headers are in
         self.status: int | None = None
         self.keep_alive = True
         self.complete = False
@@ -141,6 +146,8 @@ class HttpResponse:
         else:
             self._framing = "close"
             self.keep_alive = False
+        if self.on_head is not None:
+            self.on_head()
         return True
 
     def _feed_chunked(self, stamp: float) -> None:

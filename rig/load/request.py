@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 from rig.load.http_client import ConnectionPool, HttpResponse
 from rig.load.sse import PROTOCOL_ERRORS, StreamAccumulator, request_body
@@ -39,9 +40,14 @@ def _http_request(pool: ConnectionPool, target: ServerTarget, spec: RequestSpec)
 
 
 async def send_request(
-    pool: ConnectionPool, target: ServerTarget, spec: RequestSpec, timeout_s: float
+    pool: ConnectionPool,
+    target: ServerTarget,
+    spec: RequestSpec,
+    timeout_s: float,
+    on_head: Callable[[], None] | None = None,
 ) -> RequestRecord:
     """One streamed request; every failure ends up in the record's `error`, never raised.
+    `on_head` runs when the response's head is in (rig.load.waves waits for it).
 
     Cancellation is the exception: the record is completed with a "cancelled" error and
     attached to the CancelledError (`.record`) for the caller to emit.
@@ -61,7 +67,7 @@ async def send_request(
     try:
         async with asyncio.timeout(timeout_s):
             for attempt in (1, 2):
-                response = HttpResponse(on_body)
+                response = HttpResponse(on_body, on_head)
                 connection, reused = await pool.acquire(fresh=attempt > 1)
                 try:
                     record.sent_at = time.time()

@@ -27,16 +27,27 @@ from rig.records import RequestRecord, read_records
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
 from rig.secrets import digest, redact_argv, redact_env
-from rig.serve.plan import ServerPlan
+from rig.serve.plan import GATE_ENV, ServerPlan
 from rig.verdict.gates import SideKernel
 
 DEFAULT_ROOT = Path(".cache/golden")
 SMALL_FILE_BYTES = 64 * 1024 * 1024
-RUN_SPECIFIC_ENV = {STATS_DIR_ENV, "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES"}
+RUN_SPECIFIC_ENV = {
+    STATS_DIR_ENV,
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "CUDA_VISIBLE_DEVICES",
+    GATE_ENV,  # vLLM's /pause and /resume, for arrival: waves; the texts do not depend on it
+}
 RUN_SPECIFIC_ARGS = {"--port", "--host"}
 MODEL_PLACEHOLDER = "<model>"  # a local folder's path in the key: the digest says what it holds
 # How the speed half is measured; the reference's texts and replay do not depend on them.
-SPEED_ONLY_KEYS = {"schedule", "speed_resolution_pct", "speed_budget_s", "warmup_requests"}
+SPEED_ONLY_KEYS = {
+    "schedule",
+    "arrival",
+    "speed_resolution_pct",
+    "speed_budget_s",
+    "warmup_requests",
+}
 ENTRY_FORMAT = 2  # 2: the replay keeps each position's top-k (the verdict's margins)
 
 

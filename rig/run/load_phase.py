@@ -13,6 +13,7 @@ import time
 from rig.load.engine import run_level
 from rig.load.pairs import run_pairs
 from rig.load.server_metrics import MetricsUnreadable, ServerCounters, read_server_counters
+from rig.load.waves import GateUnavailable, ServerGate
 from rig.records import LevelFault, RequestRecord, ServerDelta, ServerTarget, SideJob
 from rig.run.state import RunContext, RunJournal
 from rig.scenario.workload import level_requests
@@ -106,10 +107,16 @@ def stop_if_died(
 
 
 def warm_up_level(
-    ctx: RunContext, journal: RunJournal, servers: dict[str, Server], level: int
+    ctx: RunContext,
+    journal: RunJournal,
+    servers: dict[str, Server],
+    level: int,
+    waves: bool = False,
 ) -> None:
     """Untimed requests at the level's concurrency on every server (all at once: nothing is
-    timed), again while a server's counters show a JIT compilation; records are not kept."""
+    timed; in gated waves where the level's blocks use them, so that the same batch shapes
+    compile here), again while a server's counters show a JIT compilation; records are not
+    kept."""
     targets = server_targets(servers)
     workload = ctx.scenario.workload
     whole = workload.requests_per_level or len(ctx.prompts)
@@ -121,7 +128,7 @@ def warm_up_level(
         tag = f"warmup-p{number}-"
         jobs = level_jobs(ctx, targets, level, repeat=0, tag=tag, count=count)
         print(f"rig: warm-up C={level}, pass {number + 1}: {count} untimed requests per side")
-        run_level(jobs, level, timeout_s=workload.timeout_s, progress=False)
+        run_level(jobs, level, timeout_s=workload.timeout_s, progress=False, waves=waves)
         after = counters(journal, servers, level, 0)
         compiled = [label for label in targets if _compiles(before[label], after[label])]
         if not compiled:
@@ -220,9 +227,11 @@ def run_block(
     level: int,
     repeat: int,
     pairs: bool = False,
+    waves: bool = False,
 ) -> None:
     """One block: `servers`' share of one (level, repeat), at once (or, with `pairs`, request
-    pairs back to back); a server that died in it stops the run."""
+    pairs back to back; with `waves`, in gated waves); a server that died in it stops the
+    run."""
     workload = ctx.scenario.workload
     targets = server_targets(servers)
     before = counters(journal, servers, level, repeat)
@@ -248,6 +257,7 @@ def run_block(
             on_record=journal.keep_record,
             level_timeout_s=workload.level_timeout_s,
             seed=workload.seed,
+            waves=waves,
         )
     ended = time.time()
     level_records = [record for side_records in results.values() for record in side_records]
@@ -282,14 +292,24 @@ def run_one_level(
 ) -> None:
     """One (level, repeat) on every server, as the schedule times it."""
     sides = {server.plan.side for server in servers.values()}
+    waves = schedule.in_waves(level)
     if schedule.kind != "alternate" or len(sides) < 2:
-        run_block(ctx, journal, servers, level, repeat)
+        run_block(ctx, journal, servers, level, repeat, waves=waves)
     elif level in schedule.pair_levels:
         run_block(ctx, journal, servers, level, repeat, pairs=True)
     else:
         for side in block_order(repeat):
             own = {label: s for label, s in servers.items() if s.plan.side == side}
-            run_block(ctx, journal, own, level, repeat)
+            run_block(ctx, journal, own, level, repeat, waves=waves)
+
+
+def check_gates(servers: dict[str, Server]) -> None:
+    """ServerError unless every server can hold a wave (arrival: waves)."""
+    for target in server_targets(servers).values():
+        try:
+            ServerGate(target).check()
+        except GateUnavailable as exc:
+            raise ServerError(str(exc)) from None
 
 
 def _compiled(journal: RunJournal, level: int, repeat: int) -> bool:
@@ -317,9 +337,11 @@ def run_load(
     deadline = time.monotonic() + workload.speed_budget_s
     both = {server.plan.side for server in servers.values()} >= {"reference", "candidate"}
     adaptive = both and schedule.kind != "apart"
+    if any(schedule.in_waves(level) for level, _ in levels):
+        check_gates(servers)
     for level in dict.fromkeys(level for level, _ in levels):
         planned = [repeat for lvl, repeat in levels if lvl == level]
-        warm_up_level(ctx, journal, servers, level)
+        warm_up_level(ctx, journal, servers, level, waves=schedule.in_waves(level))
         queue, reruns = list(planned), 0
         while queue:
             repeat = queue.pop(0)

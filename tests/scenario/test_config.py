@@ -213,3 +213,10 @@ def test_a_drift_floor_factor_needs_an_aa_control_or_a_calibration(tmp_path):
         {"gates": {"max_drift_over_floor": 3, "calibration_drift": 0.01}},
     ):
         assert load_scenario(write(tmp_path, {**data, **extra})).gates.max_drift_over_floor == 3
+
+
+def test_waves_cannot_also_follow_a_request_rate(tmp_path):
+    workload = {"prompts": [{"long_tokens": [10]}], "concurrency": [4], "arrival": "waves"}
+    assert load_scenario(write(tmp_path, {"workload": workload})).workload.arrival == "waves"
+    workload["request_rate"] = 5.0
+    assert "cannot also follow request_rate" in error_of(write(tmp_path, {"workload": workload}))

@@ -3,7 +3,13 @@ a level's requests and concurrency are sharded over replica pairs."""
 
 import pytest
 
-from rig.serve.placement import PlacementError, place_on_cpus, place_on_gpus, shard
+from rig.serve.placement import (
+    PlacementError,
+    load_schedule,
+    place_on_cpus,
+    place_on_gpus,
+    shard,
+)
 
 SIDES = ("reference", "candidate")
 
@@ -97,3 +103,13 @@ def test_sharding_keeps_every_request_once_and_deals_out_the_concurrency():
         shards = shard(count, replicas, concurrency)
         assert sorted(i for indices, _ in shards for i in indices) == list(range(count))
         assert sum(c for _, c in shards) == concurrency
+
+
+def test_gated_waves_apply_above_c1_and_never_to_request_pairs():
+    alternate = load_schedule("auto", "shared", 2, [1, 16], paced=False, waves=True)
+    assert (alternate.in_waves(1), alternate.in_waves(16)) == (False, True)
+    assert alternate.describe().endswith("C>1 in gated waves of C (TTFT from the release)")
+    together = load_schedule("auto", "simultaneous", 2, [1, 4], paced=False, waves=True)
+    assert together.kind == "together" and together.in_waves(4)
+    plain = load_schedule("auto", "shared", 2, [1, 16], paced=False)
+    assert not plain.in_waves(16) and "waves" not in plain.describe()
