@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -92,6 +92,16 @@ class RequestSpec:
             raise ValueError(f"request {self.request_id}: a completions request needs a prompt")
         if self.endpoint == "chat" and not self.messages:
             raise ValueError(f"request {self.request_id}: a chat request needs messages")
+
+
+class ExitCode(IntEnum):
+    """What every rig command exits with (`python -m rig.run`, `rig compare`, `rig bisect`, the
+    helpers), so CI tells a broken setup from a broken kernel: one table, in the README."""
+
+    PASS = 0  # every gate holds (compare: no substantive divergence; bisect: a call found)
+    FAILED = 1  # NOT equivalent, or a gate on the candidate failed (bisect: no call diverged)
+    ERROR = 2  # the run could not be made (bad input, a server that would not start or died)
+    INVALID = 3  # the comparison is not valid (no kernel proof, wrong reference, cache hits)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from kernels.runners import (
     reference_runner,
 )
 from rig.load.engine import run_level
-from rig.records import RequestRecord, SideJob
+from rig.records import ExitCode, RequestRecord, SideJob
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.workload import level_requests, resolve_prompts
 from rig.serve.hardware import Hardware
@@ -52,7 +52,6 @@ CAPTURE_CALLS = 10_000  # every prefill call of the request, whatever the server
 BOUND_FLOOR = 0.01  # relative L2 per value head: about two BF16 roundings of an output
 BOUND_FACTOR = 4.0  # times the reference kernel's own relative error against float64
 INPUT_FIELDS = ("q", "k", "v", "g", "beta", "initial_state")
-EXIT_FOUND, EXIT_NOT_FOUND, EXIT_ERROR = 0, 1, 2
 
 
 class BisectError(RuntimeError):
@@ -358,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         result, out_dir = bisect(args.run_dir, args.request_id)
     except (BisectError, ServerError) as error:
         print(f"rig: error: {str(error).splitlines()[0]}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     for call in result.calls:
         mark = "  <- first" if call is result.first_divergent else ""
         print(
@@ -369,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"rig bisect: {result.verdict()}")
     print(f"rig bisect: {out_dir / 'bisect.json'}")
-    return EXIT_FOUND if result.first_divergent is not None else EXIT_NOT_FOUND
+    return ExitCode.PASS if result.first_divergent is not None else ExitCode.FAILED
 
 
 if __name__ == "__main__":

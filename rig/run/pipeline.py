@@ -22,7 +22,7 @@ from typing import NoReturn
 
 from rig.interrupts import InterruptsDeferred, interrupts_raise
 from rig.load.replay_records import REPLAY_FILE, write_replay
-from rig.records import REQUESTS_FILE
+from rig.records import REQUESTS_FILE, ExitCode
 from rig.report.files import remove_report, write_report
 from rig.run.cache import GoldenCache
 from rig.run.conclude import build_outcome, model_decoder, side_kernels
@@ -46,10 +46,9 @@ from rig.serve.hardware import Hardware
 from rig.serve.plan import LaunchPlan
 from rig.serve.preflight import PreflightError, preflight, render_plan
 from rig.serve.servers import ServerError, ServerSet
-from rig.verdict.gates import ExitCode, SideKernel
+from rig.verdict.gates import SideKernel
 from rig.verdict.outcome import RunOutcome
 
-EXIT_PASS, EXIT_ERROR = ExitCode.PASS, ExitCode.ERROR
 RIG_ERROR_FILE = "rig-error.txt"  # the traceback of a failure of the rig's own
 REPORT_NOTICE = "rig: interrupted while the report is written: finishing it (again to stop at once)"
 
@@ -147,7 +146,7 @@ def _stop_reporting(run_dir: Path) -> NoReturn:
         file=sys.stderr,
         flush=True,
     )
-    os._exit(EXIT_ERROR)
+    os._exit(ExitCode.ERROR)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -221,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         checked = preflight(scenario, run_dir, hardware)
         if args.plan:
             print(render_plan(checked, len(prompts)))
-            return EXIT_PASS
+            return ExitCode.PASS
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -242,10 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         (run_dir / "servers.json").write_text(json.dumps(servers, indent=2))
     except (ScenarioError, PromptFileError, WorkloadError, PreflightError, ServerError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     except OSError as exc:  # the results folder cannot be written
         print(f"rig: error: results folder {run_dir}: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     golden = runner.golden.entry
     mode = runner.ctx.plan.placement.describe()
     if golden is not None:
@@ -268,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             f"written so far are whole lines in {run_dir / 'requests.jsonl'}",
             file=sys.stderr,
         )
-        return EXIT_ERROR
+        return ExitCode.ERROR
     except Exception as exc:  # the rig's own bug: its run could not be made, no server's fault
         (run_dir / RIG_ERROR_FILE).write_text(traceback.format_exc())
         error = (
@@ -293,12 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{run_dir / 'report-error.txt'}",
                 file=sys.stderr,
             )
-            return EXIT_ERROR
+            return ExitCode.ERROR
     if golden is not None:
         print(cost_comparison(golden.timings, runner.state.timings), flush=True)
     print((run_dir / "summary.md").read_text(encoding="utf-8"))
     print(f"rig: report: {paths['report.html']}")
     if error is not None:
         print(f"rig: error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     return outcome.verdict.exit_code()

@@ -22,6 +22,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rig.records import ExitCode
 from rig.scenario.prompts import Prompt, PromptFileError, load_prompts
 
 DEFAULT_CACHE_ROOT = Path(".cache/prompt-sets")
@@ -147,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ensure_prompt_set(args.name, args.cache_root))
     except PromptSetError as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return ExitCode.ERROR
+    return ExitCode.PASS
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from rig.load.replay_records import REPLAY_FILE, read_replay
 from rig.records import (
     REQUESTS_FILE,
     CompletionKey,
+    ExitCode,
     RequestRecord,
     TokenLogprob,
     error_kind,
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs = compare_pairs(reference, candidate, args.near_tie_margin, replayed=replayed)
     except (OSError, ValueError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     identical = sum(p.identical for p in pairs)
     near = sum(1 for p in pairs if p.divergence is not None and p.divergence.kind == "near_tie")
     substantive = sum(p.substantive for p in pairs)
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         d = pair.divergence
         where = f"token {d.token_index} ({d.kind}, margin {d.reference_margin})" if d else "-"
         print(f"  {pair.request_id} {pair.prompt_id}: {where}")
-    return 0 if substantive == 0 and unanswered == 0 else 1
+    return ExitCode.PASS if substantive == 0 and unanswered == 0 else ExitCode.FAILED
 
 
 if __name__ == "__main__":

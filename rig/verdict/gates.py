@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import StrEnum
 
 import pandas as pd
 
 from kernels.backends import CPU_NATIVE, reference_kernel_name
+from rig.records import ExitCode
 from rig.scenario.config import GatesConfig
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
@@ -60,15 +61,6 @@ class VerdictWord(StrEnum):
     NOT_EQUIVALENT = "NOT equivalent"
     INVALID = "INVALID"
     INCOMPLETE = "INCOMPLETE"  # the run did not complete, and what it compared shows no failure
-
-
-class ExitCode(IntEnum):
-    """What `python -m rig.run` exits with, so CI tells a broken setup from a broken kernel."""
-
-    PASS = 0  # every gate holds
-    FAILED = 1  # NOT equivalent, or a gate on the candidate failed (performance)
-    ERROR = 2  # the run could not be made (bad input, a server that would not start or died)
-    INVALID = 3  # the comparison is not valid (no kernel proof, wrong reference, cache hits)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rig.records import RequestRecord
+from rig.records import ExitCode, RequestRecord
 from rig.verdict.intervals import TimingDesign
 from rig.verdict.perf import (
     CANDIDATE,
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{repeats or 'more than 100'} repeats resolve a {args.effect:g}% change at a per-repeat "
         f"spread of {args.spread:g}% ({design.describe(args.levels)})"
     )
-    return 0
+    return ExitCode.PASS
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from kernels.capture import Capture, CaptureMeta
 from kernels.cases import CPU_SHAPE, correlated_key_inputs
 from kernels.runners import VLLM_CPU_REFERENCE
-from rig.records import ServerTarget, empty_record
+from rig.records import ExitCode, ServerTarget, empty_record
 from rig.run import bisect
 from rig.scenario.config import SIDES
 from rig.scenario.loader import load_scenario
@@ -81,7 +81,7 @@ def test_request_spec_rebuilds_the_runs_request(tmp_path):
 
 
 def test_a_folder_without_a_run_is_one_error_line(tmp_path, capsys):
-    assert bisect.main([str(tmp_path)]) == bisect.EXIT_ERROR
+    assert bisect.main([str(tmp_path)]) == ExitCode.ERROR
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rig: error:") and "manifest.json" in err[0]
 
@@ -90,7 +90,7 @@ def test_a_run_without_divergences_has_nothing_to_bisect(tmp_path, capsys):
     scenario = load_scenario(Path("scenarios/lm-control.yaml"))
     manifest = {"scenario": json.loads(scenario.model_dump_json()), "model_path": "m"}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    assert bisect.main([str(tmp_path)]) == bisect.EXIT_ERROR
+    assert bisect.main([str(tmp_path)]) == ExitCode.ERROR
     assert "no divergent pair" in capsys.readouterr().err
 
 

@@ -4,10 +4,10 @@ each stage has its own tests/run/test_<stage>.py)."""
 import pytest
 
 from rig.load.replay_records import ForcedSequence
-from rig.records import REQUESTS_FILE
+from rig.records import REQUESTS_FILE, ExitCode
 from rig.run.cache import GoldenCache
 from rig.run.golden import lookup_golden, store_golden
-from rig.run.pipeline import EXIT_ERROR, Runner, _check_resumable, main
+from rig.run.pipeline import Runner, _check_resumable, main
 from rig.run.state import RunState
 from rig.scenario.config import ScenarioError
 from rig.verdict.gates import SideKernel
@@ -79,10 +79,10 @@ def test_bad_options_are_one_error_line_and_exit_2(tmp_path, capsys):
         f"name: t\nresults_dir: {tmp_path}\n"
         "workload: {prompts: [{long_tokens: [100]}], concurrency: [1]}\n"
     )
-    assert main([str(path), "--assume-gpus", "2"]) == EXIT_ERROR
+    assert main([str(path), "--assume-gpus", "2"]) == ExitCode.ERROR
     assert capsys.readouterr().err == (
         "rig: error: --assume-gpus plans for another node: use it with --plan\n"
     )
-    assert main([str(path), "--resume"]) == EXIT_ERROR
+    assert main([str(path), "--resume"]) == ExitCode.ERROR
     assert "--resume needs --run-id" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [path]  # nothing written

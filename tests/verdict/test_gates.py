@@ -4,10 +4,11 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from rig.records import ExitCode
 from rig.scenario.config import GatesConfig
 from rig.verdict.compare import Divergence, PairResult, Pathology
 from rig.verdict.drift import DriftResult
-from rig.verdict.gates import ExitCode, Gate, GateKind, SideKernel, count, decide, verdict_word
+from rig.verdict.gates import Gate, GateKind, SideKernel, count, decide, verdict_word
 
 KERNELS = {
     "reference": SideKernel("reference", "fla", 12),
