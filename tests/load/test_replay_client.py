@@ -10,7 +10,6 @@ token and the top-k alternatives.
 
 import asyncio
 import math
-import threading
 
 import aiohttp
 import pytest
@@ -28,6 +27,7 @@ from rig.load.replay_records import ForcedSequence
 from rig.records import ServerTarget, TokenLogprob
 from rig.salts import validate_cache_salt
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
+from tests.aiohttp_thread import serve_app_in_thread
 
 SEQUENCE = ForcedSequence("p0", prompt_token_ids=(10, 11, 12), completion_token_ids=(13, 14, 15))
 CANDIDATE_SHIFT = 0.125  # the stand-in's candidate model lowers every forced logprob by this
@@ -131,20 +131,8 @@ def fake_vllm():
     """The stand-in on 127.0.0.1 in a thread of its own (the client under test runs its own
     event loop); yields (server, base_url)."""
     server = FakeVllm()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(server.app())
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-    host, port = runner.addresses[0][:2]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield server, f"http://{host}:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+    with serve_app_in_thread(server.app()) as base_url:
+        yield server, base_url
 
 
 def targets(base_url: str) -> list[ServerTarget]:

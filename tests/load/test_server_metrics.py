@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 
 import pytest
 from aiohttp import web
@@ -23,6 +22,7 @@ from rig.load.server_metrics import (
 )
 from rig.records import RequestSpec
 from rig.stub.server import StubConfig, serve_in_thread
+from tests.aiohttp_thread import serve_app_in_thread
 from tests.stub_requests import one_side, spec
 
 VLLM_METRICS = """\
@@ -106,20 +106,8 @@ def keyed_server():
     app = web.Application()
     app.router.add_get("/metrics", guarded(lambda: web.Response(text=PLUGIN_METRICS_TEXT)))
     app.router.add_get("/version", guarded(lambda: web.json_response({"version": "0.32.0"})))
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-    host, port = runner.addresses[0][:2]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+    with serve_app_in_thread(app) as base_url:
+        yield base_url
 
 
 def test_the_proof_and_version_are_read_with_the_servers_api_key(keyed_server):
