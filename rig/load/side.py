@@ -110,6 +110,9 @@ async def drive_side(
             stop_if_emit_failed()
 
     async def dispatch(specs: list[RequestSpec], paced: bool) -> None:
+        if gate is not None:
+            await dispatch_waves(specs, gate)
+            return
         began = time.perf_counter()
         for i, spec in enumerate(specs):
             if paced and offsets is not None:
@@ -147,16 +150,10 @@ async def drive_side(
             await send_wave(specs[first : first + size], gate)
 
     async def run_all() -> None:
-        if gate is not None:
-            await dispatch_waves(warmups, gate)
-        else:
-            await dispatch(warmups, paced=False)
+        await dispatch(warmups, paced=False)
         if before_measured is not None:
             await before_measured()
-        if gate is not None:
-            await dispatch_waves(measured, gate)
-        else:
-            await dispatch(measured, paced=True)
+        await dispatch(measured, paced=True)
 
     try:
         async with asyncio.timeout(level_timeout_s):
