@@ -2,7 +2,7 @@
 
 rig run SCENARIO [--set k=v ...]      python -m rig.run
 rig plan SCENARIO [--assume-gpus N]   python -m rig.run --plan: preflight and the plan only
-rig compare RUN_A RUN_B               python -m rig.verdict.compare
+rig compare RUN_A RUN_B               python -m rig.run.compare_runs
 rig bisect RUN_DIR [--request-id ID]  python -m rig.run.bisect
 """
 
@@ -25,7 +25,7 @@ def _plan(argv: list[str]) -> int:
 
 
 def _compare(argv: list[str]) -> int:
-    from rig.verdict.compare import main
+    from rig.run.compare_runs import main
 
     return main(argv)
 

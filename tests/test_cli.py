@@ -9,7 +9,7 @@ def test_each_command_reaches_its_entry_point(monkeypatch):
     seen = []
     monkeypatch.setattr("rig.run.pipeline.main", lambda argv: seen.append(("run", argv)) or 0)
     monkeypatch.setattr(
-        "rig.verdict.compare.main", lambda argv: seen.append(("compare", argv)) or 0
+        "rig.run.compare_runs.main", lambda argv: seen.append(("compare", argv)) or 0
     )
     assert cli.main(["run", "s.yaml", "--set", "a=1"]) == 0
     assert cli.main(["plan", "s.yaml", "--assume-gpus", "8"]) == 0

@@ -39,7 +39,8 @@ from kernels.runners import (
     reference_runner,
 )
 from rig.load.engine import run_level
-from rig.records import ExitCode, RequestRecord, SideJob
+from rig.records import REQUESTS_FILE, ExitCode, RequestRecord, SideJob, read_records
+from rig.run.compare_runs import run_pairs
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.workload import level_requests, resolve_prompts
 from rig.serve.hardware import Hardware
@@ -145,33 +146,45 @@ class FinishedRun:
         return cls(run_dir=run_dir, scenario=scenario, model_path=manifest["model_path"])
 
     def first_substantive_request(self) -> str:
-        """The request id of the run's first substantive divergence (else its first mismatch)."""
-        path = self.run_dir / "mismatches.csv"
-        rows = list(csv.DictReader(path.open(encoding="utf-8"))) if path.exists() else []
-        rows = [row for row in rows if row["divergence_kind"]]
-        if not rows:
+        """The request id of the run's first substantive divergence (else its first mismatch),
+        from its requests.jsonl and replay.jsonl as `rig compare` pairs them."""
+        try:
+            pairs = run_pairs(
+                self.run_dir,
+                self.scenario.gates.near_tie_margin,
+                self.scenario.workload.max_tokens,
+            )
+        except (OSError, ValueError) as exc:
+            raise BisectError(f"{self.run_dir}: {exc}") from exc
+        divergent = [pair for pair in pairs if pair.divergence is not None]
+        if not divergent:
             raise BisectError(f"{self.run_dir}: the run has no divergent pair to bisect")
-        substantive = [row for row in rows if row["divergence_kind"] == "substantive"]
-        return (substantive or rows)[0]["request_id"]
+        substantive = [pair for pair in divergent if pair.substantive]
+        return (substantive or divergent)[0].request_id
+
+    def timed_record(self, request_id: str) -> RequestRecord:
+        """The reference's timed record of `request_id`: where the request sat in the load."""
+        for record in read_records(self.run_dir / REQUESTS_FILE):
+            timed = record.side == "reference" and not record.warmup
+            if timed and record.request_id == request_id:
+                return record
+        raise BisectError(f"request id {request_id!r} is not one of the run's timed requests")
 
 
 def request_spec(run: FinishedRun, request_id: str, side: str, salt_run_id: str):
     """The run's request `request_id` as sent to `side`, with a fresh cache salt."""
-    found = re.fullmatch(r"(?:.*?)c(\d+)-r(\d+)-(\d+)", request_id)
-    if found is None:
-        raise BisectError(f"request id {request_id!r} is not one of the run's load requests")
-    level, repeat, index = (int(part) for part in found.groups())
+    record = run.timed_record(request_id)
     workload = run.scenario.workload
     specs = level_requests(
         workload,
         resolve_prompts(workload),
-        level=level,
-        repeat=repeat,
+        level=record.level,
+        repeat=record.repeat,
         side=side,
         run_id=salt_run_id,
-        count=index + 1,
+        count=record.index + 1,
     )
-    return specs[index]
+    return specs[record.index]
 
 
 # --- capture on live servers ---------------------------------------------------------------

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from kernels.capture import Capture, CaptureMeta
 from kernels.cases import CPU_SHAPE, correlated_key_inputs
 from kernels.runners import VLLM_CPU_REFERENCE
-from rig.records import ExitCode, ServerTarget, empty_record
+from rig.records import REQUESTS_FILE, ExitCode, ServerTarget, empty_record
 from rig.run import bisect
 from rig.scenario.config import SIDES
 from rig.scenario.loader import load_scenario
@@ -69,15 +69,32 @@ def test_inputs_that_differ_first_point_upstream_of_the_gdn_kernels():
     assert "upstream" in _result(calls).verdict()
 
 
-def test_request_spec_rebuilds_the_runs_request(tmp_path):
+def test_request_spec_rebuilds_the_runs_request_from_its_record(tmp_path, make_record):
+    """Where the request sat comes from the run's own record, not from its id's spelling."""
     scenario = load_scenario(Path("scenarios/lm-control.yaml"))
     run = bisect.FinishedRun(tmp_path, scenario, "unused")
-    spec = bisect.request_spec(run, "c4-r0-0007", "candidate", "bisect-x")
+    records = [
+        make_record("reference", "renamed-7", level=4, repeat=0, index=7),
+        make_record("reference", "warmup-3", warmup=True),
+    ]
+    (tmp_path / REQUESTS_FILE).write_text("".join(r.to_json() + "\n" for r in records))
+    spec = bisect.request_spec(run, "renamed-7", "candidate", "bisect-x")
     assert (spec.level, spec.repeat, spec.index) == (4, 0, 7)
     assert spec.messages is not None and spec.prompt_id
     assert "bisect-x" in spec.cache_salt
-    with pytest.raises(bisect.BisectError):
-        bisect.request_spec(run, "warmup-3", "candidate", "bisect-x")
+    for not_timed in ("warmup-3", "c4-r0-0007"):
+        with pytest.raises(bisect.BisectError, match="not one of the run's timed requests"):
+            bisect.request_spec(run, not_timed, "candidate", "bisect-x")
+
+
+def test_the_first_substantive_divergence_is_found_in_the_runs_records(tmp_path, make_record):
+    scenario = load_scenario(Path("scenarios/lm-control.yaml"))
+    records = [make_record("reference", f"q{i}") for i in range(3)]
+    records += [make_record("candidate", "q0"), make_record("candidate", "q1")]
+    records.append(make_record("candidate", "q2", text="something else"))
+    (tmp_path / REQUESTS_FILE).write_text("".join(r.to_json() + "\n" for r in records))
+    run = bisect.FinishedRun(tmp_path, scenario, "unused")
+    assert run.first_substantive_request() == "q2"
 
 
 def test_a_folder_without_a_run_is_one_error_line(tmp_path, capsys):
@@ -86,15 +103,17 @@ def test_a_folder_without_a_run_is_one_error_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("rig: error:") and "manifest.json" in err[0]
 
 
-def test_a_run_without_divergences_has_nothing_to_bisect(tmp_path, capsys):
+def test_a_run_without_divergences_has_nothing_to_bisect(tmp_path, capsys, make_record):
     scenario = load_scenario(Path("scenarios/lm-control.yaml"))
     manifest = {"scenario": json.loads(scenario.model_dump_json()), "model_path": "m"}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    identical = [make_record(side, "q0") for side in SIDES]
+    (tmp_path / REQUESTS_FILE).write_text("".join(r.to_json() + "\n" for r in identical))
     assert bisect.main([str(tmp_path)]) == ExitCode.ERROR
     assert "no divergent pair" in capsys.readouterr().err
 
 
-def test_the_bisect_sends_each_side_its_api_key(tmp_path, monkeypatch):
+def test_the_bisect_sends_each_side_its_api_key(tmp_path, monkeypatch, make_record):
     """The bisect's servers get VLLM_API_KEY from the scenario; its requests must carry it."""
     scenario = load_scenario(Path("scenarios/lm-control.yaml"))
     keyed = {
@@ -102,6 +121,8 @@ def test_the_bisect_sends_each_side_its_api_key(tmp_path, monkeypatch):
         for side in SIDES
     }
     run = bisect.FinishedRun(tmp_path, scenario.model_copy(update=keyed), "model")
+    record = make_record("reference", "c4-r0-0007", level=4, repeat=0, index=7)
+    (tmp_path / REQUESTS_FILE).write_text(record.to_json() + "\n")
     sent: dict[str, ServerTarget] = {}
 
     @contextlib.contextmanager
