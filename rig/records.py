@@ -167,6 +167,27 @@ class RequestRecord:
         """Sent but cut off by an interrupted run: no measurement, and no server failure."""
         return self.error is not None and error_kind(self.error) == ErrorKind.CANCELLED
 
+    @property
+    def completed(self) -> bool:
+        """Answered without an error, whatever it wrote (an empty output included): the
+        requests throughput counts, `vllm bench serve`'s "completed"; TTFT, TPOT and the
+        finish time only where a token came."""
+        return self.error is None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """`vllm bench serve`'s TPOT, (E2EL - TTFT)/(tokens - 1): completed requests of at least
+        two tokens only."""
+        if not self.completed or self.ttft_s is None or (self.output_tokens or 0) < 2:
+            return None
+        return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
+    def finished_at(self) -> float | None:
+        """Wall-clock time of the last token, on `sent_at`'s clock; None unless completed with
+        a token."""
+        return self.sent_at + self.e2el_s if self.completed and self.e2el_s is not None else None
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
 
@@ -217,6 +238,13 @@ def empty_record(target: ServerTarget, spec: RequestSpec) -> RequestRecord:
         error=None,
         warmup=spec.warmup,
     )
+
+
+def duration_s(records: list[RequestRecord]) -> float | None:
+    """A block's or level's duration, as `vllm bench serve` takes it for throughput: from the
+    first request sent to the last completed one finished; None when none completed."""
+    finished = [r.finished_at for r in records if r.finished_at is not None]
+    return max(finished) - min(r.sent_at for r in records) if finished else None
 
 
 def read_records(path: Path) -> list[RequestRecord]:

@@ -12,6 +12,7 @@ from rig.records import (
     RequestSpec,
     SamplingParams,
     TokenLogprob,
+    duration_s,
     error_kind,
     is_transport_error,
     read_records,
@@ -59,3 +60,19 @@ def test_only_a_cancelled_record_is_cancelled_and_the_reader_skips_blank_lines(t
     assert read_records(path) == [ok, cancelled]
     assert read_records(tmp_path / "absent.jsonl") == []
     assert not is_transport_error("empty_output") and error_kind(": odd") == "error"
+
+
+def test_completed_tpot_and_duration_are_defined_once(make_record):
+    """vLLM bench's definitions, shared by the summary frame and the speed verdict: an empty
+    answer is completed without a TTFT; TPOT needs two tokens; the duration runs from the first
+    send to the last token."""
+    three = make_record("reference", "a", sent_at=10.0, ttft_s=0.1, e2el_s=0.5, output_tokens=3)
+    one = make_record("reference", "b", sent_at=10.2, ttft_s=0.2, e2el_s=0.2, output_tokens=1)
+    empty = make_record("reference", "c", text="", sent_at=9.5, ttft_s=None, e2el_s=None)
+    failed = make_record("reference", "d", error="timeout: x", sent_at=12.0, e2el_s=5.0)
+    assert [r.completed for r in (three, one, empty, failed)] == [True, True, True, False]
+    assert three.tpot_s == pytest.approx(0.2)
+    assert one.tpot_s is None and empty.tpot_s is None and failed.tpot_s is None
+    assert empty.finished_at is None and failed.finished_at is None
+    assert duration_s([three, one, empty, failed]) == pytest.approx(10.5 - 9.5)
+    assert duration_s([empty, failed]) is None

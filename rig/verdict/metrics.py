@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from rig.records import RequestRecord
+from rig.records import RequestRecord, duration_s
 from rig.verdict.compare import PairResult
 
 PERCENTILES = (90, 99)
@@ -24,10 +24,6 @@ PERCENTILES = (90, 99)
 def request_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
     rows = []
     for r in records:
-        ok = r.error is None
-        tpot = None
-        if ok and r.e2el_s is not None and r.ttft_s is not None and (r.output_tokens or 0) > 1:
-            tpot = (r.e2el_s - r.ttft_s) / (r.output_tokens - 1)
         rows.append(
             {
                 "side": r.side,
@@ -38,7 +34,7 @@ def request_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
                 "request_id": r.request_id,
                 "prompt_id": r.prompt_id,
                 "cache_salt": r.cache_salt,
-                "ok": ok,
+                "ok": r.completed,
                 "error": r.error or "",
                 "http_status": r.http_status,
                 "finish_reason": r.finish_reason,
@@ -46,10 +42,10 @@ def request_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
                 "output_tokens": r.output_tokens,
                 "sent_at": r.sent_at,
                 "ttft_ms": _ms(r.ttft_s),
-                "tpot_ms": _ms(tpot),
+                "tpot_ms": _ms(r.tpot_s),
                 "itl_mean_ms": _ms(float(np.mean(r.itl_s))) if r.itl_s else None,
                 "e2el_ms": _ms(r.e2el_s),
-                "finished_at": r.sent_at + r.e2el_s if r.e2el_s is not None else None,
+                "finished_at": r.finished_at,
                 "text": r.text,
             }
         )
@@ -70,7 +66,8 @@ def _distribution(stats: dict, name: str, values: np.ndarray) -> None:
         stats[f"p{p}_{name}_ms"] = np.nan if empty else float(np.percentile(values, p))
 
 
-def _level_stats(group: pd.DataFrame, itl_ms: list[float]) -> dict:
+def _level_stats(group: pd.DataFrame, records: list[RequestRecord]) -> dict:
+    """One (side, level, repeat): `group` its rows of request_frame, `records` its records."""
     ok = group[group["ok"]]
     stats: dict = {
         "requests": len(group),
@@ -79,13 +76,13 @@ def _level_stats(group: pd.DataFrame, itl_ms: list[float]) -> dict:
     }
     for metric in ("ttft", "tpot", "e2el"):
         _distribution(stats, metric, ok[f"{metric}_ms"].dropna().to_numpy(dtype=float))
+    itl_ms = [gap * 1000 for r in records if r.completed for gap in r.itl_s]
     _distribution(stats, "itl", np.asarray(itl_ms, dtype=float))
-    finished = ok["finished_at"].dropna()
-    duration = float(finished.max() - group["sent_at"].min()) if not finished.empty else np.nan
+    duration = duration_s(records)
     output_tokens = float(ok["output_tokens"].fillna(0).sum())
     prompt_tokens = float(ok["prompt_tokens"].fillna(0).sum())
     per_s = duration if duration and duration > 0 else np.nan
-    stats["duration"] = duration
+    stats["duration"] = np.nan if duration is None else duration
     stats["total_input_tokens"] = int(prompt_tokens)
     stats["total_output_tokens"] = int(output_tokens)
     stats["request_throughput"] = ok.shape[0] / per_s
@@ -101,14 +98,13 @@ def summary_frame(
     frame = request_frame(records)
     if frame.empty:
         return pd.DataFrame()
-    itl_by_key: dict[tuple, list[float]] = {}
+    by_key: dict[tuple, list[RequestRecord]] = {}
     for r in records:
-        if r.error is None:
-            itl_by_key.setdefault((r.side, r.level, r.repeat), []).extend(x * 1000 for x in r.itl_s)
+        by_key.setdefault((r.side, r.level, r.repeat), []).append(r)
     rows = []
     for (side, level, repeat), group in frame.groupby(["side", "level", "repeat"], sort=True):
         row = {"side": side, "level": level, "repeat": repeat}
-        row.update(_level_stats(group, itl_by_key.get((side, level, repeat), [])))
+        row.update(_level_stats(group, by_key[(side, level, repeat)]))
         rows.append(row)
     summary = pd.DataFrame(rows)
     if pairs:

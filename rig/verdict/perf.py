@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from rig.records import RequestRecord, ServerDelta
+from rig.records import RequestRecord, ServerDelta, duration_s
 from rig.verdict.intervals import (
     LogEstimate,
     SumRatio,
@@ -62,7 +62,7 @@ class RepeatArrays:
     """One block: one side's requests of one (level, repeat), by request index (the position in
     the level's ordered requests, the same prompt on both sides); NaN where a request failed."""
 
-    ttft_ms: np.ndarray
+    ttft_ms: np.ndarray  # also NaN where a request wrote nothing
     tpot_ms: np.ndarray  # also NaN where a request has fewer than two tokens
     e2el_ms: np.ndarray
     itl_sum_ms: np.ndarray
@@ -70,33 +70,35 @@ class RepeatArrays:
     output_tokens: np.ndarray
     prompt_tokens: np.ndarray
     duration_s: float
+    completed: int  # RequestRecord.completed
 
 
 def repeat_arrays(records: list[RequestRecord], size: int) -> RepeatArrays | None:
-    ok = [r for r in records if r.error is None and r.ttft_s is not None and r.e2el_s is not None]
+    ok = [r for r in records if r.completed]
     if not ok:
         return None
     arrays = {name: np.full(size, np.nan) for name in ("ttft", "e2el", "itl", "n_itl", "out", "in")}
     for r in ok:
-        arrays["ttft"][r.index] = r.ttft_s * 1000
-        arrays["e2el"][r.index] = r.e2el_s * 1000
+        arrays["ttft"][r.index] = math.nan if r.ttft_s is None else r.ttft_s * 1000
+        arrays["e2el"][r.index] = math.nan if r.e2el_s is None else r.e2el_s * 1000
         arrays["itl"][r.index] = sum(r.itl_s) * 1000
         arrays["n_itl"][r.index] = len(r.itl_s)
         arrays["out"][r.index] = r.output_tokens or 0
         arrays["in"][r.index] = r.prompt_tokens or 0
-    out = arrays["out"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (arrays["e2el"] - arrays["ttft"]) / (out - 1), np.nan)
-    duration = max(r.sent_at + r.e2el_s for r in ok) - min(r.sent_at for r in records)
+    tpot = np.full(size, np.nan)
+    for r in ok:
+        if r.tpot_s is not None:
+            tpot[r.index] = r.tpot_s * 1000
     return RepeatArrays(
         ttft_ms=arrays["ttft"],
         tpot_ms=tpot,
         e2el_ms=arrays["e2el"],
         itl_sum_ms=arrays["itl"],
         itl_count=arrays["n_itl"],
-        output_tokens=out,
+        output_tokens=arrays["out"],
         prompt_tokens=arrays["in"],
-        duration_s=duration,
+        duration_s=duration_s(records) or math.nan,
+        completed=len(ok),
     )
 
 
@@ -113,7 +115,7 @@ def block_metrics(a: RepeatArrays) -> dict[str, float]:
             "mean_tpot_ms": _mean(a.tpot_ms),
             "mean_itl_ms": float(np.nansum(a.itl_sum_ms) / np.nansum(a.itl_count)),
             "mean_e2el_ms": _mean(a.e2el_ms),
-            "request_throughput": float(valid.sum() / duration),
+            "request_throughput": float(a.completed / duration),
             "output_throughput": float(out / duration),
             "total_token_throughput": float((out + prompt) / duration),
         }
