@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rig: error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
     identical = sum(p.identical for p in pairs)
-    near = sum(1 for p in pairs if p.divergence is not None and p.divergence.kind == "near_tie")
+    near = sum(1 for p in pairs if p.near_tie)
     substantive = sum(p.substantive for p in pairs)
     unanswered = sum(1 for p in pairs if not p.identical and p.divergence is None)
     print(

@@ -82,7 +82,12 @@ class PairResult:
 
     @property
     def substantive(self) -> bool:
-        return self.divergence is not None and self.divergence.kind != "near_tie"
+        return self.divergence is not None and not self.near_tie
+
+    @property
+    def near_tie(self) -> bool:
+        """Its text differs only at a near-tie: the one place this is decided."""
+        return self.divergence is not None and self.divergence.kind == "near_tie"
 
     @property
     def gating_pathologies(self) -> list[Pathology]:

@@ -110,7 +110,7 @@ class Verdict:
 def count(
     pairs: list[PairResult], drift: list[DriftResult], prefix_cache_hits: float = 0.0
 ) -> Counts:
-    near = sum(1 for p in pairs if p.divergence is not None and p.divergence.kind == "near_tie")
+    near = sum(1 for p in pairs if p.near_tie)
     substantive = sum(1 for p in pairs if p.substantive)
     gating = sum(len(p.gating_pathologies) for p in pairs)
     measured = [d for d in drift if d.error is None]
@@ -221,7 +221,7 @@ def decide(
 ) -> Verdict:
     """The gates and the word. `requested_kernel`: what the candidate must have run (a kernel's
     name, or vllm-<backend> for an in-tree backend); `proof_not_asked`: why no kernel proof is
-    asked for (also when gates.require_candidate_kernel is false)."""
+    asked for, rig.run.conclude.proof_not_asked's one reading of the scenario (None: asked)."""
     counts = count(pairs, drift, prefix_cache_hits)
     aa_counts = count(aa_pairs, aa_drift or []) if aa_pairs is not None else None
     g = gates_config
@@ -282,8 +282,6 @@ def decide(
                 f"(allowed beyond: {g.allow_near_ties_beyond_aa})",
             )
         )
-    if proof_not_asked is None and not g.require_candidate_kernel:
-        proof_not_asked = "gates.require_candidate_kernel: false"
     if proof_not_asked is None:
         gates.append(_kernel_gate(kernels, requested_kernel, is_aa))
     else:

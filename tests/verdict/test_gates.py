@@ -171,7 +171,8 @@ def test_aa_run_with_different_kernels_is_invalid():
 
 
 def test_kernel_gate_can_be_switched_off():
-    result = verdict(identical(2), kernels={}, gates=GatesConfig(require_candidate_kernel=False))
+    off = "gates.require_candidate_kernel: false"
+    result = verdict(identical(2), kernels={}, proof_not_asked=off)
     assert "candidate kernel active" not in gate_names(result)
     assert result.passed
 
