@@ -10,8 +10,9 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rig.manifest_record import GitState, MachineFacts, PlacementFacts, RunManifest
 from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
-from rig.scenario.config import GatesConfig
+from rig.scenario.config import GatesConfig, Scenario
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, decide
@@ -51,6 +52,29 @@ class Vocabulary:
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.words[i] for i in ids)
+
+
+def unit_manifest(name: str = "unit", gates: GatesConfig | None = None, **fields) -> RunManifest:
+    """A run's manifest without servers or a machine behind it: a minimal scenario, vLLM 0.32.0."""
+    scenario = Scenario.model_validate(
+        {
+            "name": name,
+            "workload": {"prompts": [{"long_tokens": [100]}], "concurrency": [1]},
+            "gates": (gates or GatesConfig()).model_dump(),
+        }
+    )
+    facts = {
+        "model_path": "tiny",
+        "servers": {},
+        "placement": PlacementFacts("simultaneous", 1, [], "both sides at once"),
+        "simultaneous": True,
+        "versions": {"vllm": "0.32.0"},
+        "rig_git": GitState(sha=None, dirty=False, diff_sha256=None),
+        "kernel_file_sha256": {},
+        "machine": MachineFacts("Linux", "3.12", 2, [], None),
+        "environment": {},
+    }
+    return RunManifest(scenario=scenario, **(facts | fields))
 
 
 def _logprobs(ids: list[int], alternatives: dict[int, dict[int, float]]) -> list[TokenLogprob]:
@@ -178,11 +202,7 @@ def synthetic_outcome(
         run_id="synthetic-ns3",
         run_dir=run_dir,
         scenario_name="synthetic",
-        manifest={
-            "scenario": {"name": "synthetic", "gates": gates.model_dump()},
-            "versions": {"vllm": "0.32.0"},
-            "kernel_file_sha256": {"kernels/ns.py": "ab" * 32},
-        },
+        manifest=unit_manifest("synthetic", gates, kernel_file_sha256={"kernels/ns.py": "ab" * 32}),
         records=records,
         pairs=pairs,
         drift=drift,

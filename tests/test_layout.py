@@ -20,6 +20,7 @@ ORDER = (
     "rig.records",
     "rig.interrupts",
     "rig.scenario",
+    "rig.manifest_record",
     "rig.models",
     "rig.serve",
     "rig.load",
@@ -38,7 +39,12 @@ HEALTH_CHECKS = {
     "rig.serve.preflight": "HEAD of the hub's model page: can the model be fetched at all",
 }
 TABLE_STAGES = ("rig.verdict", "rig.report")  # pandas: the verdict's frames and their rendering
-REPORT_INPUTS = ("rig.records", "rig.report", "rig.verdict")  # report/ renders these, nothing else
+REPORT_INPUTS = (
+    "rig.records",
+    "rig.manifest_record",
+    "rig.report",
+    "rig.verdict",
+)  # report/ renders these, nothing else
 
 
 def _modules() -> dict[str, Path]:

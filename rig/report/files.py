@@ -156,7 +156,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     page = render_html(outcome, summary, deltas, decode)
     paths["report.html"].write_text(page, encoding="utf-8", errors="backslashreplace")
     paths["junit.xml"].write_bytes(render_junit(outcome))
-    manifest = dict(outcome.manifest)
+    manifest = outcome.manifest.to_json()
     manifest.update(
         verdict={
             "word": outcome.verdict.word,

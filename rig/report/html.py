@@ -13,6 +13,7 @@ page's own (sorting tables, filtering mismatches), and nothing is fetched from t
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import pandas as pd
 
@@ -146,7 +147,7 @@ def evidence_section(outcome) -> str:
         parts.append(table(["side", "kernel", "prefill calls", "detail"], kernel_rows, "compact"))
     else:
         parts.append("<p>No kernel proof (attached servers, or the run stopped early).</p>")
-    hashes = outcome.manifest.get("kernel_file_sha256") or {}
+    hashes = outcome.manifest.kernel_file_sha256
     if hashes:
         rows = [cell(name) + cell(digest, cls="mono") for name, digest in sorted(hashes.items())]
         parts.append(
@@ -199,12 +200,12 @@ def margin_block(replayed: dict, near_tie_margin: float | None) -> str:
 
 def drift_section(outcome) -> str:
     parts = ['<section id="drift"><h2>Teacher-forced drift and greedy margins</h2>']
-    gates = (outcome.manifest.get("scenario") or {}).get("gates") or {}
-    margins = margin_block(outcome.replayed, gates.get("near_tie_margin"))
+    gates = outcome.manifest.scenario.gates
+    margins = margin_block(outcome.replayed, gates.near_tie_margin)
     if not outcome.drift:
         parts += ["<p>No drift replay in this run.</p>", margins, "</section>"]
         return "\n".join(parts)
-    png = drift_figure(outcome.drift, outcome.aa_drift, gates)
+    png = drift_figure(outcome.drift, outcome.aa_drift, gates.model_dump())
     if png:
         parts.append(
             f'<figure><img alt="drift distribution" src="data:image/png;base64,{png}">'
@@ -271,13 +272,13 @@ def faults_section(outcome) -> str:
 def facts_section(outcome) -> str:
     manifest = outcome.manifest
     rows = [
-        ("model", manifest.get("model_path") or (manifest.get("scenario") or {}).get("model")),
+        ("model", manifest.model_path or manifest.scenario.model.name),
+        ("versions", ", ".join(f"{k} {v}" for k, v in manifest.versions.items() if v)),
         (
-            "versions",
-            ", ".join(f"{k} {v}" for k, v in (manifest.get("versions") or {}).items() if v),
+            "machine",
+            ", ".join(f"{k} {v}" for k, v in asdict(manifest.machine).items() if v or v == 0),
         ),
-        ("machine", manifest.get("machine")),
-        ("rig commit", (manifest.get("rig_git") or {}).get("sha")),
+        ("rig commit", manifest.rig_git.sha),
         ("timings", ", ".join(f"{k} {v:.1f} s" for k, v in outcome.timings.items())),
     ]
     body = [cell(name) + cell(value if value not in ({}, "") else None) for name, value in rows]

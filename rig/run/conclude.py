@@ -13,7 +13,6 @@ from rig.records import ServerDelta
 from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
-from rig.run.manifest import build_manifest
 from rig.run.replay import AA_SIDE, aa_concurrency
 from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
@@ -281,15 +280,15 @@ def build_outcome(
         run_id=ctx.run_id,
         run_dir=ctx.run_dir,
         scenario_name=scenario.name,
-        manifest=build_manifest(scenario, ctx.plan, ctx.model_path)
-        | {
-            "server_peak_rss_mb": state.peak_rss_mb,
-            "gdn_backends": gdn_backends(state.proofs),
-            "served_vllm": state.served_versions,
-            "schedule": state.schedule,
-            "load_schedule": ctx.plan.load_schedule(workload).describe(),
-            "excluded_blocks": sorted([list(block) for block in timing.excluded]),
-        },
+        manifest=replace(
+            ctx.manifest,
+            server_peak_rss_mb=state.peak_rss_mb,
+            gdn_backends=gdn_backends(state.proofs),
+            served_vllm=state.served_versions,
+            schedule=state.schedule,
+            load_schedule=ctx.plan.load_schedule(workload).describe(),
+            excluded_blocks=sorted([list(block) for block in timing.excluded]),
+        ),
         records=state.records,
         pairs=pairs,
         drift=drift,

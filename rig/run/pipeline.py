@@ -28,7 +28,6 @@ from rig.run.cache import GoldenCache
 from rig.run.conclude import build_outcome, model_decoder, side_kernels
 from rig.run.golden import GoldenLookup, cost_comparison, lookup_golden, store_golden, take_golden
 from rig.run.load_phase import run_load
-from rig.run.manifest import build_manifest
 from rig.run.phases import PhaseSteps, read_proofs, run_phases
 from rig.run.replay import run_aa, run_drift
 from rig.run.state import (
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             resume=args.resume,
         )
         (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
-        servers = build_manifest(scenario, runner.ctx.plan, runner.ctx.model_path)["servers"]
+        servers = runner.ctx.manifest.to_json()["servers"]
         (run_dir / "servers.json").write_text(json.dumps(servers, indent=2))
     except (ScenarioError, PromptFileError, WorkloadError, PreflightError, ServerError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)

@@ -3,6 +3,7 @@ interrupted run loses nothing and `--resume` can continue it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -11,7 +12,9 @@ from typing import BinaryIO
 
 from kernels.proof import KernelProof
 from rig.load.replay_records import ForcedLogprobs, ForcedSequence
+from rig.manifest_record import RunManifest
 from rig.records import REQUESTS_FILE, LevelFault, RequestRecord, ServerDelta, read_records
+from rig.run.manifest import build_manifest
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.prompts import Prompt
 from rig.serve.plan import LaunchPlan
@@ -30,6 +33,12 @@ class RunContext:
     plan: LaunchPlan
     model_path: str
     prompts: list[Prompt]
+
+    @functools.cached_property
+    def manifest(self) -> RunManifest:
+        """What produces this run, gathered once (servers.json before the load, manifest.json
+        after it, with what the run found added)."""
+        return build_manifest(self.scenario, self.plan, self.model_path)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from rig.manifest_record import RunManifest
 from rig.records import RequestRecord, duration_s
 from rig.verdict.compare import PairResult
 
@@ -121,16 +122,14 @@ def summary_frame(
 
 
 def bench_results(
-    records: list[RequestRecord], summary: pd.DataFrame, manifest: dict
+    records: list[RequestRecord], summary: pd.DataFrame, manifest: RunManifest
 ) -> dict[str, dict]:
     """Per side and level (and repeat, when there are several), a result in the layout of
     `vllm bench serve --save-result`: file name -> JSON object. Scripts written for vLLM's
     result files read these; warm-up requests are not in them."""
     if summary.empty:
         return {}
-    scenario = manifest.get("scenario", {})
-    workload = scenario.get("workload", {})
-    model = scenario.get("model", {})
+    workload = manifest.scenario.workload
     many = int(summary["repeat"].max()) > 0
     results = {}
     for row in summary.to_dict("records"):
@@ -155,11 +154,11 @@ def bench_results(
             else None,
             "backend": "openai-chat",
             "label": side,
-            "model_id": model.get("name") or manifest.get("model_path"),
-            "tokenizer_id": manifest.get("model_path"),
+            "model_id": manifest.scenario.model.name or manifest.model_path,
+            "tokenizer_id": manifest.model_path,
             "num_prompts": len(chosen),
-            "request_rate": workload.get("request_rate") or "inf",
-            "burstiness": workload.get("burstiness", 1.0),
+            "request_rate": workload.request_rate or "inf",
+            "burstiness": workload.burstiness,
             "max_concurrency": level,
             **stats,
             "input_lens": [r.prompt_tokens for r in chosen],

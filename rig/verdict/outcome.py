@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rig.manifest_record import RunManifest
 from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
 from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import PairResult
@@ -26,7 +27,7 @@ class RunOutcome:
     run_id: str
     run_dir: Path
     scenario_name: str
-    manifest: dict
+    manifest: RunManifest
     records: list[RequestRecord]
     pairs: list[PairResult]
     drift: list[DriftResult]

@@ -11,6 +11,7 @@ from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, decide
 from rig.verdict.outcome import RunOutcome
+from tests.report_synthetic import unit_manifest
 
 SCRIPT = "<script>alert(1)</script>"
 KERNELS = {
@@ -73,7 +74,7 @@ def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
         run_id="run-1",
         run_dir=tmp_path / "run-1",
         scenario_name="unit",
-        manifest={"scenario": {"name": "unit"}, "versions": {"vllm": "0.32.0"}},
+        manifest=unit_manifest(),
         records=records,
         pairs=pairs,
         drift=drift,
@@ -247,7 +248,8 @@ def huge_run(make_record, tmp_path, levels: int, per_level: int) -> RunOutcome:
 
 def test_manifest_is_json_with_the_verdict(outcome, written):
     manifest = json.loads(written["manifest.json"].read_text(encoding="utf-8"))
-    assert manifest["scenario"] == {"name": "unit"}  # what run.py put there is kept
+    assert manifest["scenario"]["name"] == "unit"  # what run.py put there is kept
+    assert manifest["versions"] == {"vllm": "0.32.0"} and manifest["rig_git"]["dirty"] is False
     assert manifest["verdict"]["word"] == outcome.verdict.word
     assert manifest["verdict"]["passed"] is outcome.verdict.passed
     assert [g["name"] for g in manifest["verdict"]["gates"]] == [

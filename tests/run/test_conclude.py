@@ -106,7 +106,7 @@ def test_outcome_compares_only_pairs_both_sides_finished(tmp_path, make_record):
     assert [p.request_id for p in outcome.pairs] == ["q0"]
     assert not outcome.verdict.passed
     assert outcome.verdict.failed_gates[-1].name == "run completed"
-    assert outcome.manifest["schedule"] == [] and outcome.records is state.records
+    assert outcome.manifest.schedule == [] and outcome.records is state.records
     assert outcome.aa_pairs is None and outcome.drift == []
 
 

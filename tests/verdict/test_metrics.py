@@ -7,6 +7,7 @@ import pytest
 
 from rig.verdict.compare import PairResult
 from rig.verdict.metrics import bench_results, request_frame, summary_frame
+from tests.report_synthetic import unit_manifest
 
 
 def timed(make_record, side, request_id, sent_at, ttft, e2el, out, prompt, itl, **fields):
@@ -184,8 +185,7 @@ def read_like_vllm_tooling(result: dict) -> dict:
 
 
 def test_bench_results_have_vllm_bench_serve_layout(level_records):
-    manifest = {"scenario": {"model": {"name": "tiny"}, "workload": {}}, "model_path": "/m"}
-    results = bench_results(level_records, summary_frame(level_records), manifest)
+    results = bench_results(level_records, summary_frame(level_records), unit_manifest())
     assert list(results) == ["reference-c1.json"]
     result = results["reference-c1.json"]
     assert set(result) >= VLLM_RESULT_KEYS
@@ -200,6 +200,6 @@ def test_bench_results_have_vllm_bench_serve_layout(level_records):
 
 def test_bench_results_are_per_repeat_with_repeats(level_records, make_record):
     again = [dataclasses.replace(r, repeat=1) for r in level_records]
-    manifest = {"scenario": {}}
-    names = bench_results(level_records + again, summary_frame(level_records + again), manifest)
+    records = level_records + again
+    names = bench_results(records, summary_frame(records), unit_manifest())
     assert sorted(names) == ["reference-c1-r0.json", "reference-c1-r1.json"]
