@@ -149,7 +149,8 @@ def chunked_prefill_html(chunked: ChunkedPrefill | None) -> str:
 
 
 def evidence_section(outcome) -> str:
-    """Which kernel each side ran (the plugin's proof) and the prefix-cache counters."""
+    """Which kernel each side ran (the plugin's proof), how many of its prefilled sequences
+    started from a non-zero state, each prompt's chunks, and the prefix-cache counters."""
     kernel_rows = [
         cell(k.side, cls="nowrap")
         + cell(k.kernel, cls="nowrap")
