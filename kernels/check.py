@@ -4,11 +4,12 @@
                             [--cases varlen,chunk] [--csv PATH] [--long-tokens N]
 
 Every case of kernels/cases.py runs the candidate, the reference (vLLM's CPU op on CPU, FLA on
-CUDA) and, where the case names one, a negative control (ns3 on correlated keys) through the
-same adapters vLLM calls. Rows: candidate and reference against the recurrence, candidate
-against the reference, per part (token windows, sequences) and for the whole case. The gate:
-the candidate is within the case's bounds everywhere and every negative control is outside
-them; reference rows are information. Prints the table, writes the CSV, exits 1 when a gate
+CUDA) and the case's controls (ns3 on correlated keys, the planted initial-state faults on the
+initial-state cases) through the same adapters vLLM calls. Rows: candidate and reference
+against the recurrence, candidate against the reference, per part (token windows, sequences)
+and for the whole case. The gate: the candidate is within the case's bounds everywhere, every
+control expected to fail is outside them and every one expected to pass inside; reference rows
+are information. Prints the table, writes the CSV, exits 1 when a gate
 fails.
 """
 
@@ -113,10 +114,9 @@ def run_case(
     results = {candidate.name: candidate.run(inputs)}
     if reference is not None:
         results[reference.name] = reference.run(inputs)
-    control = None
-    if case.negative_control is not None and case.negative_control != candidate.name:
-        control = candidate_runner(case.negative_control, device)
-        results[control.name] = control.run(inputs)
+    controls = [(name, expected) for name, expected in case.controls if name != candidate.name]
+    for name, _ in controls:
+        results[name] = candidate_runner(name, device).run(inputs)
 
     whole = Part(label=WHOLE, tokens=slice(None), seqs=slice(0, inputs.num_seqs))
     rows = []
@@ -132,8 +132,8 @@ def run_case(
         if reference is not None:
             rows.append(row(reference.name, truth_runner.name, "info"))
             rows.append(row(candidate.name, reference.name, "info"))
-        if control is not None and part is whole:
-            rows.append(row(control.name, truth_runner.name, "fail"))
+        if part is whole:
+            rows.extend(row(name, truth_runner.name, expected) for name, expected in controls)
     return rows
 
 

@@ -16,7 +16,8 @@ Work is batched across every chunk of every sequence and every head; only the re
 loop, over the chunk position, with all sequences that have a chunk there advanced together.
 """
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -167,11 +168,17 @@ class NsCpuOp:
     activations' dtype, g [1, T, HV] float32, cu_seqlens and initial_state_indices int32; the
     state pool [slots, HV, K, V] (fp16/bf16/fp32) is read at and written back to
     initial_state_indices in place, whatever output_final_state says; returns (output
-    [1, T, HV, V] in the activations' dtype, the pool itself).
+    [1, T, HV, V] in the activations' dtype, the pool itself). `initial_state_fault`: a fault
+    planted on the gathered states before the kernel reads them (kernels/registry.py).
     """
 
-    def __init__(self, ns_rounds: int) -> None:
+    def __init__(
+        self,
+        ns_rounds: int,
+        initial_state_fault: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.ns_rounds = ns_rounds
+        self.initial_state_fault = initial_state_fault
 
     def __call__(
         self,
@@ -201,6 +208,8 @@ class NsCpuOp:
             initial_state_indices,
             eps,
         )
+        if self.initial_state_fault is not None:
+            inputs = replace(inputs, initial_state=self.initial_state_fault(inputs.initial_state))
         out, final_state = chunk_gdn_ns(inputs, self.ns_rounds)
         initial_state[initial_state_indices.long()] = final_state.to(initial_state.dtype)
         return out.to(query.dtype).unsqueeze(0), initial_state

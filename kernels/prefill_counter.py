@@ -1,8 +1,9 @@
 """What one vLLM process proves about its GDN prefill: the counter the plugin wraps around the op.
 
 kernels/vllm_plugin.py decides which op runs and installs it; this file is the evidence that op
-leaves, whatever it is: `PrefillCounter` counts and times every prefill call, counts the
-process's JIT compilations (kernels/compile_counter.py), and mirrors all of it to the stats
+leaves, whatever it is: `PrefillCounter` counts and times every prefill call, tallies the
+sequences that start from a non-zero state (kernels/initial_state.py), counts the process's JIT
+compilations (kernels/compile_counter.py), and mirrors all of it to the stats
 folder and, where vLLM serves /metrics from PROMETHEUS_MULTIPROC_DIR, to multiprocess gauges
 (kernels/proof_metrics.py); `new_counter` prints the process's marker line.
 `share_evidence_folder` gives one server's processes one stats folder and one server id.
@@ -22,7 +23,13 @@ from pathlib import Path
 
 import torch
 
-from kernels.proof import STATS_DIR_ENV, PrefillStats, format_marker, stats_file_name
+from kernels.proof import (
+    STATS_DIR_ENV,
+    TALLY_FIELDS,
+    PrefillStats,
+    format_marker,
+    stats_file_name,
+)
 from kernels.proof_metrics import MultiprocessGauges, multiprocess_gauges_from_env
 from kernels.registry import runs_on_cuda
 
@@ -50,10 +57,16 @@ class PrefillCounter:
     timed_calls: int = 0
     seconds: float = 0.0
     compiles: int = 0
+    # initial-state tallies summed (kernels/initial_state.py, in TALLY_FIELDS' order)
+    tally: list[int] = field(default_factory=lambda: [0] * len(TALLY_FIELDS))
     synchronised: bool = False  # RIG_GDN_TIME=1
     gauges: MultiprocessGauges | None = None
     # (start, end) events of CUDA calls the GPU may not have finished, oldest first
     pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = field(
+        default_factory=lambda: deque(maxlen=PENDING_LIMIT)
+    )
+    # (host copy, copied event) of CUDA tallies on their way back, oldest first
+    pending_tallies: deque[tuple[torch.Tensor, torch.cuda.Event]] = field(
         default_factory=lambda: deque(maxlen=PENDING_LIMIT)
     )
     # compile hooks can fire on a compiler's thread while a prefill call publishes
@@ -72,6 +85,10 @@ class PrefillCounter:
             seconds=self.seconds,
             timed_calls=self.timed_calls,
             compiles=self.compiles,
+            **{
+                f"initial_state_{name}": value
+                for name, value in zip(TALLY_FIELDS, self.tally, strict=True)
+            },
         )
 
     def publish(self) -> None:
@@ -101,6 +118,28 @@ class PrefillCounter:
         with self.lock:
             self.compiles += 1
             self.publish()
+
+    def saw_states(self, tally: torch.Tensor | None) -> None:
+        """Add one call's initial-state tally (kernels/initial_state.py), made before the call.
+        A CUDA tally is copied to the host without waiting and added once the GPU has passed
+        its copy (on a later call or publish); none is taken during a graph capture."""
+        if tally is None:
+            return
+        if not tally.is_cuda:
+            self._add_tally(tally.tolist())
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return
+        host = torch.empty(tally.shape, dtype=tally.dtype, pin_memory=True)
+        host.copy_(tally, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        with self.lock:
+            self.pending_tallies.append((host, copied))
+
+    def _add_tally(self, values: list[int]) -> None:
+        with self.lock:
+            self.tally = [a + int(b) for a, b in zip(self.tally, values, strict=True)]
 
     def call(self, op: Callable, *args, **kwargs):
         """Run one prefill call, count it and time it without making the server wait: on CPU
@@ -144,13 +183,16 @@ class PrefillCounter:
         return result
 
     def _drain(self) -> None:
-        """Add the time of the calls the GPU has finished, oldest first (one stream finishes
-        its work in order). Querying an event is not allowed during a graph capture."""
-        if not self.pending or torch.cuda.is_current_stream_capturing():
+        """Add the time and the initial-state tallies of the calls the GPU has finished, oldest
+        first (one stream finishes its work in order). Querying an event is not allowed during
+        a graph capture."""
+        if not (self.pending or self.pending_tallies) or torch.cuda.is_current_stream_capturing():
             return
         while self.pending and self.pending[0][1].query():
             start, end = self.pending.popleft()
             self._timed(start.elapsed_time(end) / 1000)
+        while self.pending_tallies and self.pending_tallies[0][1].query():
+            self._add_tally(self.pending_tallies.popleft()[0].tolist())
 
     def built_op(self, kernel: str, vllm_backend: str, requested_backend: str) -> None:
         """The GDN op was built: vLLM chose `vllm_backend` when asked for `requested_backend`."""

@@ -13,6 +13,9 @@ loads in (API server, engine core, workers):
         rig_gdn_prefill_seconds{kernel,source_sha256,pid} <time of the timed calls>
         rig_gdn_prefill_timed_calls{kernel,source_sha256,pid} <calls timed so far>
         rig_jit_compiles{pid} <JIT compilations seen in the process>
+        rig_gdn_initial_state_<calls|sequences|tokens|all_sequences|all_tokens>{...as calls}
+    the last: calls with a sequence that started from a non-zero state, those sequences and
+    their tokens, and every sequence and token prefilled (kernels/initial_state.py);
     `backend` is the backend vLLM itself chose (triton, flashinfer, cutedsl, cpu-native),
     `requested_backend` what vLLM was asked for (auto unless --gdn-prefill-backend said); both
     are empty in processes that never built the GDN op (API server, engine core).
@@ -50,10 +53,24 @@ CALLS_METRIC = "rig_gdn_prefill_calls"
 SECONDS_METRIC = "rig_gdn_prefill_seconds"  # labelled as CALLS_METRIC
 TIMED_CALLS_METRIC = "rig_gdn_prefill_timed_calls"  # labelled as CALLS_METRIC
 COMPILES_METRIC = "rig_jit_compiles"  # pid only: compilations are the process's, not a kernel's
+# kernels/initial_state.py's tally, in order: calls with at least one sequence that started
+# from a non-zero state, those sequences, their tokens, and every sequence and token of the calls
+TALLY_FIELDS = ("calls", "sequences", "tokens", "all_sequences", "all_tokens")
+# PrefillStats field -> family, labelled as CALLS_METRIC (kernels/initial_state.py's tally)
+INITIAL_STATE_METRICS = {
+    f"initial_state_{name}": f"rig_gdn_initial_state_{name}" for name in TALLY_FIELDS
+}
 PID_LABEL = "pid"
 INFO_LABELS = ("kernel", "source_sha256", "platform", "backend", "requested_backend")
 CALLS_LABELS = ("kernel", "source_sha256")
-PLUGIN_METRICS = (INFO_METRIC, CALLS_METRIC, SECONDS_METRIC, TIMED_CALLS_METRIC, COMPILES_METRIC)
+PLUGIN_METRICS = (
+    INFO_METRIC,
+    CALLS_METRIC,
+    SECONDS_METRIC,
+    TIMED_CALLS_METRIC,
+    COMPILES_METRIC,
+    *INITIAL_STATE_METRICS.values(),
+)
 # (family, labels, value) of one /metrics sample, as rig.load.server_metrics parses them
 Samples = Iterable[tuple[str, Mapping[str, str], float]]
 
@@ -88,9 +105,45 @@ class PrefillStats:
     seconds: float = 0.0  # time in the timed_calls
     timed_calls: int = 0  # calls whose time is in `seconds` (the rest still run on the GPU)
     compiles: int = 0  # Triton and torch.compile JIT compilations seen in this process
+    # kernels/initial_state.py's tally, summed over the process's calls
+    initial_state_calls: int = 0
+    initial_state_sequences: int = 0
+    initial_state_tokens: int = 0
+    initial_state_all_sequences: int = 0
+    initial_state_all_tokens: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+    @property
+    def initial_state(self) -> "InitialStateCounts":
+        return InitialStateCounts(
+            *(getattr(self, f"initial_state_{name}") for name in TALLY_FIELDS)
+        )
+
+
+@dataclass(frozen=True)
+class InitialStateCounts:
+    """GDN prefill work that continued a sequence from the state an earlier step left (a
+    chunked prefill's later chunks, a prefix-cache hit): the calls with at least one such
+    sequence, those sequences and their tokens, out of every sequence and token prefilled."""
+
+    calls: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    all_sequences: int = 0
+    all_tokens: int = 0
+
+    def __add__(self, other: "InitialStateCounts") -> "InitialStateCounts":
+        return InitialStateCounts(
+            *(getattr(self, name) + getattr(other, name) for name in TALLY_FIELDS)
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.sequences:,} of {self.all_sequences:,} prefilled sequences started from a "
+            f"non-zero state ({self.tokens:,} of {self.all_tokens:,} tokens, {self.calls:,} calls)"
+        )
 
 
 @dataclass(frozen=True)
@@ -119,6 +172,7 @@ class KernelProof:
     platforms: tuple[str, ...] = ()
     loaded_pids: tuple[int, ...] = ()
     origin: str = "log"
+    initial_state: InitialStateCounts = InitialStateCounts()
 
     @property
     def kernel(self) -> str:
@@ -151,6 +205,7 @@ class KernelProof:
             f"{self.kernel}: {self.prefill_calls} GDN prefill calls in pids "
             f"{list(self.pids)}; installed {'+'.join(self.marker_kernels)}; source sha256 {hashes}"
         )
+        text += f"; {self.initial_state.describe()}"
         if self.vllm_backends:
             text += (
                 f"; vLLM chose {'+'.join(self.vllm_backends)} (requested {self.requested_backend})"
@@ -172,6 +227,7 @@ class KernelProof:
             platforms=_unique([*self.platforms, *later.platforms]),
             loaded_pids=_unique([*self.loaded_pids, *later.loaded_pids]),
             origin=self.origin if self.origin == later.origin else f"{self.origin}+{later.origin}",
+            initial_state=self.initial_state + later.initial_state,
         )
 
     def reference_backend_problem(self, requested_backend: str) -> str | None:
@@ -228,6 +284,7 @@ def _proof(
         platforms=_unique([s.platform for s in loaded if s.platform]),
         loaded_pids=_unique([s.pid for s in loaded]),
         origin=origin,
+        initial_state=sum((s.initial_state for s in executed), InitialStateCounts()),
     )
 
 
@@ -278,11 +335,12 @@ def proof_from_samples(samples: Samples) -> KernelProof:
     """The proof in a server's /metrics samples: one info sample per process the plugin loaded
     in (value 1; 0 marks a superseded label set), one calls sample per process and kernel."""
     loaded: dict[int, PrefillStats] = {}
-    counted: list[PrefillStats] = []
-    for name, labels, pid, value in _plugin_samples(samples, (INFO_METRIC, CALLS_METRIC)):
+    counted: dict[tuple[str, str, int], dict[str, int]] = {}
+    field_of = {CALLS_METRIC: "calls"} | {m: f for f, m in INITIAL_STATE_METRICS.items()}
+    for name, labels, pid, value in _plugin_samples(samples, (INFO_METRIC, *field_of)):
         kernel, sha = labels.get("kernel", ""), labels.get("source_sha256", "")
-        if name == CALLS_METRIC:
-            counted.append(PrefillStats(kernel, sha, int(value), pid))
+        if name in field_of:
+            counted.setdefault((kernel, sha, pid), {})[field_of[name]] = int(value)
         elif value == 1:
             loaded[pid] = PrefillStats(
                 kernel=kernel,
@@ -293,7 +351,11 @@ def proof_from_samples(samples: Samples) -> KernelProof:
                 vllm_backend=labels.get("backend", ""),
                 requested_backend=labels.get("requested_backend", ""),
             )
-    return _proof([loaded[pid] for pid in sorted(loaded)], counted, None, "metrics")
+    stats = [
+        PrefillStats(kernel, sha, pid=pid, **{"calls": 0} | values)
+        for (kernel, sha, pid), values in counted.items()
+    ]
+    return _proof([loaded[pid] for pid in sorted(loaded)], stats, None, "metrics")
 
 
 @dataclass(frozen=True)

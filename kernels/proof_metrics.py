@@ -26,6 +26,7 @@ from kernels.proof import (
     COMPILES_METRIC,
     INFO_LABELS,
     INFO_METRIC,
+    INITIAL_STATE_METRICS,
     PID_LABEL,
     SECONDS_METRIC,
     TIMED_CALLS_METRIC,
@@ -43,6 +44,9 @@ KERNEL_FAMILIES = {  # labelled like the calls: metric -> (PrefillStats field, h
     CALLS_METRIC: ("calls", CALLS_HELP),
     TIMED_CALLS_METRIC: ("timed_calls", "GDN prefill calls of this process whose time is known"),
     SECONDS_METRIC: ("seconds", "GDN prefill time of this process's timed calls, in seconds"),
+} | {
+    metric: (field, f"GDN prefill {field.replace('_', ' ')} of this process (non-zero state)")
+    for field, metric in INITIAL_STATE_METRICS.items()
 }
 COMPILES_HELP = "Triton and torch.compile JIT compilations in this vLLM process"
 

@@ -1,9 +1,12 @@
 """Candidate GDN prefill kernels by name: `ns<R>`, the chunked GDN with R BF16 Newton-Schulz
 rounds for the 16x16 block inverses (ns3 reproduces the seeds' failure, ns4 is the fix); the
 performance control `<base>+delay-<N>ms`: the base kernel (`ref` = vLLM's own, or an `ns<R>`)
-with N milliseconds of sleep added to every prefill call, a slowdown of known size; and a
-kernel engineer's own function, `module:function` or a name under the entry point group
-`rig.kernels` (kernels/functions.py)."""
+with N milliseconds of sleep added to every prefill call, a slowdown of known size; the
+initial-state control `ns<R>+drop-state` (every sequence starts from zero, as a kernel that
+ignores the state it is given) and `ns<R>+bf16-state` (the state rounded to BF16 on the way
+in, as the seeds' fused kernel did before its inter-chunk term), faults planted on the way into
+an untouched kernel; and a kernel engineer's own function, `module:function` or a name under
+the entry point group `rig.kernels` (kernels/functions.py)."""
 
 import functools
 import hashlib
@@ -33,9 +36,11 @@ REGISTERED = ("ns3", "ns4")
 REFERENCE_BASE = "ref"  # a planted delay on top of vLLM's own kernel
 CPU_SOURCES = ("ns_torch.py", "gdn_inputs.py")
 CUDA_SOURCES = ("ns_triton.py", "ns_triton_device.py")
-PLANTED_SOURCES = ("registry.py",)  # where the delay is added
+PLANTED_SOURCES = ("registry.py",)  # where the delay and the state faults are added
+STATE_FAULTS = ("drop", "bf16")  # ns<R>+<fault>-state: planted_initial_state
 _NAME = re.compile(
-    r"(?:ns(?P<rounds>[1-9][0-9]*)|(?P<ref>ref))(?:\+delay-(?P<delay>\d+(?:\.\d+)?)ms)?"
+    r"(?:ns(?P<rounds>[1-9][0-9]*)|(?P<ref>ref))"
+    r"(?:\+(?P<fault>drop|bf16)-state)?(?:\+delay-(?P<delay>\d+(?:\.\d+)?)ms)?"
 )
 
 
@@ -49,6 +54,7 @@ class KernelSpec:
     ns_rounds: int | None  # None: vLLM's own kernel (with a planted delay) or `function`
     delay_ms: float = 0.0  # slept after every prefill call
     function: str | None = None  # `module:function` of a kernel engineer's own kernel
+    state_fault: str | None = None  # one of STATE_FAULTS: planted on the initial state
 
     @property
     def delay_s(self) -> float:
@@ -70,7 +76,11 @@ class KernelSpec:
         op, which a planted delay on vLLM's own kernel wraps."""
         if self.function is not None:
             return self.delayed(FlaFunctionCpuOp(fla_contract_caller(self.loaded_function())))
-        op = NsCpuOp(self.ns_rounds) if self.ns_rounds is not None else reference
+        op = (
+            NsCpuOp(self.ns_rounds, self._state_fault())
+            if self.ns_rounds is not None
+            else reference
+        )
         if op is None:
             raise ValueError(f"{self.name} runs vLLM's own kernel: pass it as `reference`")
         return self.delayed(op)
@@ -82,7 +92,16 @@ class KernelSpec:
             return self.delayed(fla_contract_caller(self.loaded_function()))
         if self.ns_rounds is None:
             raise ValueError(f"{self.name} runs vLLM's own kernel, not an FLA-contract function")
-        return self.delayed(functools.partial(_fla_contract, ns_rounds=self.ns_rounds))
+        return self.delayed(
+            functools.partial(
+                _fla_contract, ns_rounds=self.ns_rounds, state_fault=self._state_fault()
+            )
+        )
+
+    def _state_fault(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if self.state_fault is None:
+            return None
+        return functools.partial(planted_initial_state, fault=self.state_fault)
 
     def delayed(self, op: Callable) -> Callable:
         """`op` itself without a planted delay, else `op` followed by the delay. On CUDA tensors
@@ -109,7 +128,7 @@ class KernelSpec:
             found = source_file(self.loaded_function())
             return sha256_of_files([found] if found else [])
         sources = _sources(platform) if self.ns_rounds is not None else ()
-        if self.delay_ms:
+        if self.delay_ms or self.state_fault:
             sources += PLANTED_SOURCES
         return sha256_of_files([KERNEL_DIR / f for f in sources])
 
@@ -124,7 +143,18 @@ def _sources(platform: str) -> tuple[str, ...]:
     return CPU_SOURCES if platform == "cpu" else CUDA_SOURCES
 
 
-def _fla_contract(q, *args, ns_rounds: int, **kwargs):
+def planted_initial_state(state: torch.Tensor, fault: str) -> torch.Tensor:
+    """The initial states a planted fault hands the kernel in place of `state`: zeros
+    ("drop"), or `state` rounded to BF16 ("bf16"; the identity on a BF16 state pool, vLLM's
+    default for a BF16 Qwen3-Next model, so that fault needs --mamba-ssm-cache-dtype float32)."""
+    if fault == "drop":
+        return torch.zeros_like(state)
+    return state.to(torch.bfloat16).to(state.dtype)
+
+
+def _fla_contract(q, *args, ns_rounds: int, state_fault: Callable | None = None, **kwargs):
+    if state_fault is not None and kwargs.get("initial_state") is not None:
+        kwargs["initial_state"] = state_fault(kwargs["initial_state"])
     if q.is_cuda:
         from kernels.ns_triton import chunk_gated_delta_rule
     else:
@@ -152,12 +182,18 @@ def resolve_kernel(name: str) -> KernelSpec:
     match = _NAME.fullmatch(name)
     rounds = match and match.group("rounds")
     delay = float(match.group("delay")) if match and match.group("delay") else 0.0
+    fault = match and match.group("fault")
     if (
         match is not None
         and (rounds is None or int(rounds) in NS_ROUNDS_RANGE)
-        and (delay or not match.group("ref"))
+        and ((delay and not fault) or not match.group("ref"))
     ):
-        return KernelSpec(name=name, ns_rounds=int(rounds) if rounds else None, delay_ms=delay)
+        return KernelSpec(
+            name=name,
+            ns_rounds=int(rounds) if rounds else None,
+            delay_ms=delay,
+            state_fault=fault or None,
+        )
     registered = registered_kernels()
     if name in registered:
         return KernelSpec(name=name, ns_rounds=None, function=registered[name])
@@ -166,7 +202,8 @@ def resolve_kernel(name: str) -> KernelSpec:
         f"(ns<R> = R BF16 Newton-Schulz rounds; {' and '.join(REGISTERED)} are the "
         "failing and fixed controls), the performance control <base>+delay-<N>ms "
         f"(base {REFERENCE_BASE} = vLLM's own kernel, or ns<R>; N ms slept after every "
-        "prefill call), a module:function of your own, or a name under the entry point "
+        "prefill call), the initial-state control ns<R>+drop-state and ns<R>+bf16-state, "
+        "a module:function of your own, or a name under the entry point "
         f"group {ENTRY_POINT_GROUP}"
         + (f" (here: {', '.join(sorted(registered))})" if registered else "")
     )

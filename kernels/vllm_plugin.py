@@ -42,6 +42,7 @@ from kernels.capture import CaptureWriter, calling_layer_name, capture_writer_fr
 from kernels.compile_counter import count_compilations
 from kernels.functions import KernelFunctionError
 from kernels.gdn_inputs import GdnInputs
+from kernels.initial_state import cpu_op_tally, fla_call_tally
 from kernels.prefill_counter import PrefillCounter, new_counter, share_evidence_folder
 from kernels.proof import KERNEL_ENV
 from kernels.proof_metrics import register_collector
@@ -154,6 +155,12 @@ def counted_cpu_op(
             layer = calling_layer_name()
             if capture.wants(layer):
                 capture.save(layer, cpu_op_gdn_inputs(args, kwargs))
+        bound = dict(zip(CPU_OP_PARAMETERS, args, strict=False)) | kwargs
+        counter.saw_states(
+            cpu_op_tally(
+                bound["initial_state"], bound["cu_seqlens"], bound["initial_state_indices"]
+            )
+        )
         return counter.call(op, *args, **kwargs)
 
     chunk_gated_delta_rule_cpu.rig_counter = counter
@@ -271,13 +278,18 @@ def install_cuda(spec: KernelSpec | None) -> type:
                 capture.save(layer, inputs)
 
         def forward_reference_counted(self, *args, **kwargs):
-            if capture is not None:
+            call = kwargs  # vLLM passes every argument by keyword
+            if args or capture is not None:
                 call = inspect.signature(self.forward_native).bind(*args, **kwargs).arguments
+            if capture is not None:
                 self._capture(
                     *(call[name] for name in ("q", "k", "v", "g", "beta", "initial_state")),
                     call.get("cu_seqlens"),
                     call.get("use_qk_l2norm_in_kernel", True),
                 )
+            counter.saw_states(
+                fla_call_tally(call["q"], call.get("initial_state"), call.get("cu_seqlens"))
+            )
             return counter.call(self.rig_reference_forward, *args, **kwargs)
 
         def forward_candidate(
@@ -297,6 +309,7 @@ def install_cuda(spec: KernelSpec | None) -> type:
             aiter_prefill_metadata=None,
         ):
             self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
+            counter.saw_states(fla_call_tally(q, initial_state, cu_seqlens))
             if self.rig_vllm_backend not in FLA_METADATA_BACKENDS:
                 chunk_indices = chunk_offsets = None  # e.g. cutedsl's are not FLA's layout
             return counter.call(

@@ -23,6 +23,7 @@ from rig.report.levels import levels_section
 from rig.report.mismatches import Decode, mismatches_section
 from rig.report.plots import drift_figure, margin_figure, side_margins
 from rig.verdict.gates import VerdictWord
+from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.speed import speed_headline
 
 # --- verdict, gates, A/A floor, proofs -----------------------------------------------------
@@ -133,20 +134,39 @@ def floor_section(outcome) -> str:
     )
 
 
+def chunked_prefill_html(chunked: ChunkedPrefill | None) -> str:
+    """Each prompt's prefill chunks at the step's token budget, for the initial-state path."""
+    if chunked is None:
+        return "<p>Chunked prefill: the step budget is vLLM's default (not set).</p>"
+    rows = [
+        cell(p.prompt_id) + cell(f"{p.tokens:,}", p.tokens, "num") + cell(p.chunks, p.chunks, "num")
+        for p in chunked.prompts
+    ]
+    return (
+        f"<p>Chunked prefill: {esc(chunked.describe())}.</p><details><summary>chunks per prompt "
+        f"({len(rows)})</summary>{table(['prompt', 'tokens', 'chunks'], rows, 'compact')}"
+        "</details>"
+    )
+
+
 def evidence_section(outcome) -> str:
-    """Which kernel each side ran (the plugin's proof) and the prefix-cache counters."""
+    """Which kernel each side ran (the plugin's proof), how many of its prefilled sequences
+    started from a non-zero state, each prompt's chunks, and the prefix-cache counters."""
     kernel_rows = [
         cell(k.side, cls="nowrap")
         + cell(k.kernel, cls="nowrap")
         + cell(f"{k.calls:,}", k.calls, "num")
+        + cell(k.initial_state.describe() if k.initial_state else "not counted")
         + cell(k.detail)
         for k in outcome.kernels.values()
     ]
     parts = ['<section id="evidence"><h2>Kernel proof</h2>']
     if kernel_rows:
-        parts.append(table(["side", "kernel", "prefill calls", "detail"], kernel_rows, "compact"))
+        headers = ["side", "kernel", "prefill calls", "initial state", "detail"]
+        parts.append(table(headers, kernel_rows, "compact"))
     else:
         parts.append("<p>No kernel proof (attached servers, or the run stopped early).</p>")
+    parts.append(chunked_prefill_html(outcome.chunked_prefill))
     hashes = outcome.manifest.kernel_file_sha256
     if hashes:
         rows = [cell(name) + cell(digest, cls="mono") for name, digest in sorted(hashes.items())]

@@ -11,7 +11,7 @@ from rig.report.format import DASH, check, missing, number
 from rig.report.html import headline_texts
 from rig.report.mismatches import mismatch_order
 from rig.verdict.compare import PairResult
-from rig.verdict.gates import Verdict
+from rig.verdict.gates import SideKernel, Verdict
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import AA, candidate_rows
 
@@ -137,6 +137,13 @@ def _fit(lines: list[str], budget: int, what: str) -> list[str]:
     return kept
 
 
+def _initial_state_text(kernel: SideKernel) -> str:
+    counts = kernel.initial_state
+    if counts is None:
+        return ""
+    return f"; {counts.sequences} of {counts.all_sequences} sequences from a non-zero state"
+
+
 def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     """summary.md: verdict, gates, per-level table and the first mismatches, never longer
     than a pull-request comment may be, whatever the size of the run."""
@@ -147,9 +154,12 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
         head += [_clip(f"**Run error:** {_md_text(first)}") + rest, ""]
     head += _verdict_lines(outcome.verdict, [_md_text(t) for t in headline_texts(outcome)])
     kernels = ", ".join(
-        f"{k.side}: {k.kernel} ({k.calls} prefill calls)" for k in outcome.kernels.values()
+        f"{k.side}: {k.kernel} ({k.calls} prefill calls{_initial_state_text(k)})"
+        for k in outcome.kernels.values()
     )
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
+    if outcome.chunked_prefill is not None:
+        head += [_clip(f"Chunked prefill: {outcome.chunked_prefill.describe()}"), ""]
     head += _jit_lines(outcome.compiled_blocks)
     head += _server_lines(outcome.perf)
     head += _aa_floor_lines(outcome.perf)

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kernels.proof import STATS_DIR_ENV
+from kernels.proof import STATS_DIR_ENV, InitialStateCounts
 from rig.load.replay_records import ForcedLogprobs, ForcedSequence
 from rig.records import RequestRecord, read_records
 from rig.scenario.config import Scenario
@@ -176,6 +176,18 @@ class GoldenEntry:
     stored_at: str | None = None  # when it was stored (UTC), for the report's "not comparable"
 
 
+def side_kernel_from_json(fields: dict) -> SideKernel:
+    """The stored reference proof; entries from before initial states were counted have none."""
+    counts = fields.get("initial_state")
+    return SideKernel(
+        **fields
+        | {
+            "source_sha256": tuple(fields.get("source_sha256", ())),
+            "initial_state": InitialStateCounts(**counts) if counts is not None else None,
+        }
+    )
+
+
 class GoldenCache:
     def __init__(self, root: Path = DEFAULT_ROOT) -> None:
         self.root = root
@@ -199,12 +211,7 @@ class GoldenCache:
             records=records,
             sequences=sequences,
             forced=forced,
-            kernel=SideKernel(
-                **(
-                    meta["kernel"]
-                    | {"source_sha256": tuple(meta["kernel"].get("source_sha256", ()))}
-                )
-            ),
+            kernel=side_kernel_from_json(meta["kernel"]),
             timings=meta["timings"],
             stored_at=meta.get("stored_at"),
         )

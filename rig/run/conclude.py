@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kernels.backends import reference_kernel_name
-from kernels.proof import KernelProof, read_kernel_proof
+from kernels.proof import InitialStateCounts, KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
 from rig.records import ServerDelta
 from rig.report.mismatches import Decode
@@ -22,6 +22,7 @@ from rig.serve.skew import served_skew
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
 from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, VerdictWord, decide
+from rig.verdict.initial_state import chunked_prefill, initial_state_gate
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import perf_frame
 from rig.verdict.planted import PlantedDelay
@@ -90,7 +91,8 @@ def side_kernels(
             f"{server.label} ({proof.origin}): {proof.describe()}" for server, proof in found
         )
         sources = tuple(dict.fromkeys(h for _, proof in found for h in proof.source_sha256))
-        kernels[side] = SideKernel(side, kernel, calls, detail, sources)
+        initial_state = sum((proof.initial_state for _, proof in found), InitialStateCounts())
+        kernels[side] = SideKernel(side, kernel, calls, detail, sources, initial_state)
     return kernels
 
 
@@ -260,7 +262,12 @@ def build_outcome(
         ),
         proof_not_asked=proof_not_asked(scenario),
         extra_gates=tuple(
-            g for g in (installs_gate(scenario, ctx.plan, state.served_versions),) if g
+            g
+            for g in (
+                installs_gate(scenario, ctx.plan, state.served_versions),
+                initial_state_gate(kernels) if scenario.gates.require_initial_state else None,
+            )
+            if g
         ),
     )
     speed = speed_design(
@@ -303,6 +310,7 @@ def build_outcome(
         error=error,
         prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
         replayed={side: replayed[side] for side in SIDES if side in replayed},
+        chunked_prefill=chunked_prefill(state.records, scenario.model.max_num_batched_tokens),
         speed=speed,
         comparison="A/A run: the reference against itself" if is_aa_run(scenario) else "",
         load_schedule=ctx.plan.load_schedule(workload).describe(),

@@ -326,6 +326,9 @@ class GatesConfig(StrictModel):
     max_prefix_cache_hits: int = Field(0, ge=0)
     max_perf_regression_pct: float | None = None
     require_candidate_kernel: bool = True
+    require_initial_state: bool = Field(
+        False, description="INVALID unless both sides prefilled from a non-zero GDN state"
+    )
 
 
 def model_mapping(value: Any) -> Any:
@@ -365,6 +368,15 @@ class Scenario(StrictModel):
             raise ValueError(
                 "gates.max_drift_over_floor needs a floor: control.aa: true or "
                 "gates.calibration_drift"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _initial_state_provable(self) -> Scenario:
+        off = [side for side in SIDES if self.side(side).proof == "none"]
+        if self.gates.require_initial_state and off:
+            raise ValueError(
+                f"gates.require_initial_state needs both sides' kernel proof: {off[0]}.proof: none"
             )
         return self
 

@@ -19,6 +19,7 @@ from enum import StrEnum
 import pandas as pd
 
 from kernels.backends import CPU_NATIVE, reference_kernel_name
+from kernels.proof import InitialStateCounts
 from rig.records import ExitCode
 from rig.scenario.config import GatesConfig
 from rig.verdict.compare import PairResult
@@ -35,6 +36,7 @@ class SideKernel:
     calls: int
     detail: str = ""
     source_sha256: tuple[str, ...] = ()  # of the kernel(s) that ran: one name, two sources
+    initial_state: InitialStateCounts | None = None  # None: not counted (an older proof)
 
     def same_kernel_as(self, other: SideKernel) -> bool:
         """The same kernel from the same source (a vLLM branch's FLA is not stock FLA)."""

@@ -15,6 +15,7 @@ from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, Verdict
+from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.metrics import request_frame, summary_frame
 from rig.verdict.perf import perf_frame
 from rig.verdict.speed import SpeedDesign
@@ -48,6 +49,7 @@ class RunOutcome:
     reference_source: str = ""  # where the reference's results came from, when not this run
     # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
+    chunked_prefill: ChunkedPrefill | None = None  # each prompt's chunks at the step budget
     requests: pd.DataFrame = field(init=False)  # one row per request, vllm bench's metrics
     summary: pd.DataFrame = field(init=False)  # per side, level and repeat
 

@@ -44,3 +44,22 @@ def test_cli_rejects_unknown_candidate(capsys):
         main(["--candidate", "nope", "--cases", "correlated"])
     assert exited.value.code == 2
     assert "known kernels" in capsys.readouterr().err
+
+
+def test_planted_state_faults_fail_the_initial_state_cases_and_pass_the_zero_state_one():
+    rows = run_checks("cpu", "ns4", ["initial-state"], long_tokens=None)
+    by = {(r.case, r.kernel): r for r in rows if r.part == "all" and r.against == "recurrence-fp64"}
+    for case in ("initial-state-fp32", "initial-state-bf16"):
+        drop = by[case, "ns4+drop-state"]
+        assert drop.expected == "fail" and not drop.within_bounds and drop.output_head_rel_l2 > 0.1
+        assert by[case, "ns4"].within_bounds
+    assert by["initial-state-zero", "ns4+drop-state"].within_bounds
+    assert by["initial-state-zero", "ns4+bf16-state"].expected == "pass"
+    assert by["initial-state-fp32", "ns4+bf16-state"].expected == "info"  # below the noise
+    assert all(r.gate_ok for r in rows)
+
+
+def test_a_planted_state_fault_as_the_candidate_fails_only_where_a_state_is_given(capsys):
+    assert main(["--candidate", "ns4+drop-state", "--cases", "initial-state,correlated"]) == 1
+    failed = {line.split()[2] for line in capsys.readouterr().out.splitlines() if "GATE" in line}
+    assert failed == {"initial-state-fp32", "initial-state-bf16"}

@@ -236,3 +236,25 @@ def test_a_built_op_names_vllms_backend_and_marks_a_renamed_kernel_once(counter_
         "auto",
         0,
     )
+
+
+def test_initial_state_tallies_add_up_and_are_published(counter_env):
+    counter = new_counter("ns4", SHA, "cpu")
+    counter.saw_states(torch.tensor([1, 2, 700, 3, 900]))
+    counter.saw_states(torch.tensor([0, 0, 0, 1, 64]))
+    counter.saw_states(None)  # a call without states
+    counter.record()
+    (stats,) = read_stats(counter_env / "stats")
+    assert (stats.initial_state.calls, stats.initial_state.sequences) == (1, 2)
+    assert (stats.initial_state.tokens, stats.initial_state.all_tokens) == (700, 964)
+    assert stats.initial_state.all_sequences == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tallies_come_back_without_waiting_for_the_gpu(counter_env):
+    counter = new_counter("ns4", SHA, "cuda")
+    counter.saw_states(torch.tensor([1, 1, 64, 2, 128], device="cuda"))
+    torch.cuda.synchronize()
+    counter.record()
+    assert counter.tally == [1, 1, 64, 2, 128] and not counter.pending_tallies

@@ -12,6 +12,7 @@ from kernels.proof import (
     PLUGIN_METRICS,
     SECONDS_METRIC,
     TIMED_CALLS_METRIC,
+    InitialStateCounts,
     PluginCounters,
     PrefillStats,
     format_marker,
@@ -252,3 +253,18 @@ def test_reference_backend_problem(executed, platform, vllm_backend, requested, 
     )
     found = kernel_proof_from_metrics(text).reference_backend_problem(requested)
     assert found == problem if problem is None else problem in found
+
+
+def test_the_initial_state_counts_of_a_log_proof_and_of_a_restarted_server_add_up(tmp_path):
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    log = tmp_path / "server.log"
+    log.write_text(format_marker("ns4", SHA_A, 60, "cpu") + "\n")
+    record = PrefillStats(
+        "ns4", SHA_A, 5, 60, "cpu", initial_state_calls=2, initial_state_sequences=3,
+        initial_state_tokens=90, initial_state_all_sequences=6, initial_state_all_tokens=200,
+    )  # fmt: skip
+    (stats / stats_file_name(60)).write_text(record.to_json())
+    proof = read_kernel_proof(log, stats)
+    assert proof.initial_state == InitialStateCounts(2, 3, 90, 6, 200)
+    assert proof.combined_with(proof).initial_state == InitialStateCounts(4, 6, 180, 12, 400)

@@ -119,3 +119,28 @@ def test_multiprocess_gauges_reach_vllms_multiprocess_registry(tmp_path):
     assert read_plugin_counters(text) == PluginCounters(
         calls=3, timed_calls=1, seconds=0.25, compiles=5
     )
+
+
+def test_collector_serves_the_initial_state_tally_and_the_proof_sums_it(tmp_path):
+    tally = dict(
+        initial_state_calls=3,
+        initial_state_sequences=4,
+        initial_state_tokens=500,
+        initial_state_all_sequences=9,
+        initial_state_all_tokens=800,
+    )
+    write(tmp_path, PrefillStats("ns4", SHA, 0, 101, "cpu", server="s1"))
+    write(tmp_path, PrefillStats("ns4", SHA, 9, 103, "cpu", server="s1", **tally))
+    write(tmp_path, PrefillStats("ns4", SHA, 2, 104, "cpu", server="s1", initial_state_calls=1))
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(tmp_path, "s1"))
+    text = scrape(registry)
+    assert 'rig_gdn_initial_state_sequences{kernel="ns4",pid="103"' in text.replace(
+        f',source_sha256="{SHA}"', ""
+    )
+    counts = kernel_proof_from_metrics(text).initial_state
+    assert (counts.calls, counts.sequences, counts.tokens) == (4, 4, 500)
+    assert (counts.all_sequences, counts.all_tokens) == (9, 800)
+    assert "4 of 9 prefilled sequences started from a non-zero state" in (
+        kernel_proof_from_metrics(text).describe()
+    )

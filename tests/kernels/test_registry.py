@@ -1,18 +1,23 @@
-"""Kernel names: ns1..ns8 and the planted delays resolve, anything else fails naming the known
-kernels."""
+"""Kernel names: ns1..ns8, the planted delays and the planted initial-state faults resolve,
+anything else fails naming the known kernels."""
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
+from kernels.cases import CPU_SHAPE, random_inputs
+from kernels.functions import run_fla_contract
 from kernels.registry import (
     UnknownKernelError,
     known_kernel_names,
     planted_delay_ms,
+    planted_initial_state,
     resolve_kernel,
     sha256_of_files,
 )
+from kernels.runners import run_cpu_op
 
 
 @pytest.mark.parametrize("rounds", range(1, 9))
@@ -111,3 +116,44 @@ def test_cpu_and_cuda_sources_hash_differently():
     spec = resolve_kernel("ns4")
     assert spec.source_sha256("cpu") != spec.source_sha256("cuda")
     assert len(spec.source_sha256("cpu")) == 64
+
+
+@pytest.mark.parametrize(
+    ("name", "fault", "delay_ms"),
+    [("ns4+drop-state", "drop", 0.0), ("ns3+bf16-state", "bf16", 0.0), ("ns4", None, 0.0)]
+    + [("ns4+drop-state+delay-5ms", "drop", 5.0)],
+)
+def test_planted_state_faults_resolve_on_an_ns_base(name, fault, delay_ms):
+    spec = resolve_kernel(name)
+    assert (spec.state_fault, spec.delay_ms, spec.ns_rounds is not None) == (fault, delay_ms, True)
+
+
+@pytest.mark.parametrize("name", ["ref+drop-state", "ns4+fp8-state", "ns4+delay-5ms+drop-state"])
+def test_state_faults_need_an_ns_base_and_a_known_fault(name):
+    with pytest.raises(UnknownKernelError, match="drop-state"):
+        resolve_kernel(name)
+
+
+def test_planted_state_faults_change_only_what_the_kernel_starts_from():
+    """drop-state from a state = ns4 from zero; bf16-state = ns4 from the state rounded to
+    BF16; from a zero state both are ns4. The CPU op and the FLA contract agree."""
+    inputs = random_inputs([100, 30], CPU_SHAPE, torch.float32, seed=4)
+    zero = replace(inputs, initial_state=torch.zeros_like(inputs.initial_state))
+    rounded = inputs.with_state_dtype(torch.bfloat16).with_state_dtype(torch.float32)
+    ns4 = resolve_kernel("ns4")
+    for name, same_as in (("ns4+drop-state", zero), ("ns4+bf16-state", rounded)):
+        spec = resolve_kernel(name)
+        for run in (
+            lambda s, x: run_cpu_op(s.cpu_op(), x),
+            lambda s, x: run_fla_contract(s.fla_contract_function(), x),
+        ):
+            assert all(map(torch.equal, run(spec, inputs), run(ns4, same_as)))
+            assert all(map(torch.equal, run(spec, zero), run(ns4, zero)))
+    assert planted_initial_state(inputs.initial_state, "drop").count_nonzero() == 0
+
+
+def test_a_state_fault_changes_the_source_hash_the_proof_names():
+    for platform in ("cpu", "cuda"):
+        assert resolve_kernel("ns4+drop-state").source_sha256(platform) != resolve_kernel(
+            "ns4"
+        ).source_sha256(platform)

@@ -115,6 +115,18 @@ def test_candidate_cpu_op_is_counted_captured_and_marked(plugin_env, capsys):
     assert torch.equal(capture.inputs.q, inputs.q)
 
 
+def test_cpu_op_tally_is_taken_before_the_op_overwrites_the_pool(plugin_env):
+    """One sequence continues a state, one starts from zero (vLLM zeroed its slot): the tally
+    reads the states the op was given, not the final states it wrote back."""
+    counter = vllm_plugin.install_cpu(resolve_kernel("ns4"))
+    inputs = random_inputs([90, 7], CPU_SHAPE, torch.bfloat16, seed=1)
+    inputs.initial_state[1] = 0
+    call_like_vllm(FakeLayer(), inputs)
+    assert counter.tally == [1, 1, 90, 2, 97]
+    (stats,) = read_stats(plugin_env / "stats")
+    assert stats.initial_state.sequences == 1 and stats.initial_state.all_tokens == 97
+
+
 def test_reference_cpu_op_is_counted_without_numerical_change(plugin_env):
     original = custom_ops.chunk_gated_delta_rule_cpu
     inputs = random_inputs([130], CPU_SHAPE, torch.float32, seed=2)
@@ -221,7 +233,7 @@ def test_cuda_path_candidate_replaces_the_forward(plugin_env, build_gdn_op):
         cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
     )  # fmt: skip
     assert torch.equal(out, expected_out) and torch.equal(final, expected_final)
-    assert op.rig_counter.calls == 1
+    assert op.rig_counter.calls == 1 and op.rig_counter.tally == [1, 2, 75, 2, 75]
     (stats,) = read_stats(plugin_env / "stats")
     assert stats.kernel == "ns4" and stats.calls == 1
     (path,) = list_captures(plugin_env / "capture")
@@ -291,6 +303,7 @@ def test_cuda_path_reference_keeps_vllms_forward_and_counts(plugin_env, build_gd
     )  # fmt: skip
     assert FakeGdnLayer().call_with_keywords(op, arguments) == ("out", None)
     assert seen == [arguments] and op.rig_counter.calls == 1
+    assert op.rig_counter.tally == [1, 1, 20, 1, 20]
     (path,) = list_captures(plugin_env / "capture")
     assert load_capture(path).meta.layer == FakeGdnLayer.prefix
     assert torch.equal(load_capture(path).inputs.v, inputs.v)

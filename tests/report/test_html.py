@@ -1,12 +1,15 @@
+import dataclasses
 import math
 import re
 
 import pytest
 
+from kernels.proof import InitialStateCounts
 from rig.report.format import missing, number
-from rig.report.html import render_html
+from rig.report.html import evidence_section, render_html
 from rig.report.levels import delta_table
 from rig.report.mismatches import divergent_span, prompt_category
+from rig.verdict.initial_state import ChunkedPrefill, PromptChunks
 from rig.verdict.metrics import summary_frame
 from rig.verdict.perf import perf_frame
 from tests.report_synthetic import LONG_TEXT, XSS_IMG, XSS_SCRIPT, synthetic_outcome
@@ -162,3 +165,22 @@ def test_a_run_without_a_replay_says_there_are_no_margins(make_record, tmp_path)
     assert 'alt="greedy margin distribution"' not in drift
     assert "No greedy margins: no completion was replayed with top-k logprobs." in drift
     assert "No drift replay in this run." in drift
+
+
+def test_the_kernel_proof_shows_each_sides_initial_state_and_the_chunks(synthetic):
+    outcome, _ = synthetic
+    counts = InitialStateCounts(3, 5, 700, 9, 1000)
+    kernels = {
+        "reference": dataclasses.replace(outcome.kernels["reference"], initial_state=counts),
+        "candidate": outcome.kernels["candidate"],
+    }
+    chunked = ChunkedPrefill(256, (PromptChunks("long", 2410, 10),))
+    section = evidence_section(
+        dataclasses.replace(outcome, kernels=kernels, chunked_prefill=chunked)
+    )
+    text = visible_text(section)
+    assert "<th>initial state</th>" in section
+    assert "5 of 9 prefilled sequences started from a non-zero state (700 of 1,000 tokens" in text
+    assert "not counted" in text  # the candidate's proof carried no count
+    assert "1 of 1 prompts take several prefill steps at a budget of 256 tokens" in text
+    assert "the step budget is vLLM's default" in visible_text(evidence_section(outcome))

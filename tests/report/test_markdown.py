@@ -6,9 +6,11 @@ import dataclasses
 import pandas as pd
 import pytest
 
+from kernels.proof import InitialStateCounts
 from rig.report import markdown
 from rig.report.files import seeds_table
 from rig.report.markdown import SUMMARY_MD_LIMIT, render_markdown
+from rig.verdict.initial_state import ChunkedPrefill, PromptChunks
 from rig.verdict.metrics import summary_frame
 from rig.verdict.perf import PlantedDelay, perf_frame
 from tests.report.test_files import huge_run
@@ -98,3 +100,21 @@ def test_summary_markdown_fits_a_pr_comment_whatever_the_run_size(
     )
     rows_cut = "more per-level rows: see report.html" in text
     assert rows_cut == (limit < SUMMARY_MD_LIMIT)
+
+
+def test_summary_markdown_shows_initial_state_counts_and_chunks(outcome):
+    counts = InitialStateCounts(3, 5, 700, 9, 1000)
+    kernels = {
+        side: dataclasses.replace(kernel, initial_state=counts if side == "reference" else None)
+        for side, kernel in outcome.kernels.items()
+    }
+    chunked = ChunkedPrefill(256, (PromptChunks("long", 2410, 10), PromptChunks("s", 40, 1)))
+    text = render_markdown(
+        dataclasses.replace(outcome, kernels=kernels, chunked_prefill=chunked), pd.DataFrame()
+    )
+    (line,) = [x for x in text.splitlines() if x.startswith("Kernels:")]
+    assert "(10 prefill calls; 5 of 9 sequences from a non-zero state)" in line
+    assert "ns4 (10 prefill calls)" in line  # not counted: nothing claimed
+    (chunks,) = [x for x in text.splitlines() if x.startswith("Chunked prefill:")]
+    assert "1 of 2 prompts take several prefill steps at a budget of 256 tokens" in chunks
+    assert "Chunked prefill" not in render_markdown(outcome, pd.DataFrame())

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import rig.run.cache
+from kernels.proof import InitialStateCounts
 from rig.load.replay_records import ForcedLogprobs, ForcedSequence
 from rig.run.cache import ENTRY_FORMAT, GoldenCache, GoldenEntry, golden_key, model_digest
 from rig.scenario.config import Scenario
@@ -65,6 +66,16 @@ def test_an_entry_keeps_the_references_replay_with_its_top_k(tmp_path, make_reco
     assert back.forced == forced  # int token ids survive JSON
     assert back.sequences == sequences and back.records == entry.records
     assert cache.load("other") is None
+    assert back.kernel == entry.kernel  # stored before initial states were counted: none
+
+
+def test_an_entry_keeps_the_references_initial_state_counts(tmp_path):
+    counts = InitialStateCounts(3, 5, 700, 9, 1000)
+    kernel = SideKernel("reference", "vllm-cpu-native", 4, "d", ("ab",), counts)
+    entry = GoldenEntry("run-1", [], [], {}, kernel, {})
+    cache = GoldenCache(tmp_path / "golden")
+    cache.store("k", {"model": "m"}, entry)
+    assert cache.load("k").kernel == kernel
 
 
 def test_the_key_follows_the_replay_top_k_and_the_entry_format(tmp_path):

@@ -4,7 +4,7 @@ the verdict of a run that did not complete."""
 from dataclasses import replace
 
 import rig.run.conclude
-from kernels.proof import KernelProof
+from kernels.proof import InitialStateCounts, KernelProof
 from rig.records import ServerDelta
 from rig.run.cache import GoldenEntry
 from rig.run.conclude import (
@@ -23,7 +23,10 @@ from tests.run_fakes import run_context, scenario
 
 
 def proof(kernel: str, calls: int, origin: str = "metrics") -> KernelProof:
-    return KernelProof((kernel,), (kernel,), ("sha",), calls, (1,), None, origin=origin)
+    counts = InitialStateCounts(calls // 2, calls, 10 * calls, 2 * calls, 30 * calls)
+    return KernelProof(
+        (kernel,), (kernel,), ("sha",), calls, (1,), None, origin=origin, initial_state=counts
+    )
 
 
 def test_aa_run_means_identically_configured_sides():
@@ -69,6 +72,7 @@ def test_side_kernels_join_a_sides_servers_and_take_a_cached_reference(tmp_path,
         5,
         "reference (metrics): " + proofs["reference"].describe(),
         proofs["reference"].source_sha256,
+        InitialStateCounts(2, 5, 50, 10, 150),
     )
     assert (kernels["candidate"].kernel, kernels["candidate"].calls) == ("ns4", 7)  # from its log
     cached = SideKernel("reference", "vllm-triton", 99, "cached")

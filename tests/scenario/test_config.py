@@ -220,3 +220,16 @@ def test_waves_cannot_also_follow_a_request_rate(tmp_path):
     assert load_scenario(write(tmp_path, {"workload": workload})).workload.arrival == "waves"
     workload["request_rate"] = 5.0
     assert "cannot also follow request_rate" in error_of(write(tmp_path, {"workload": workload}))
+
+
+def test_require_initial_state_is_a_bool_and_needs_both_sides_proof(tmp_path):
+    path = write(tmp_path, {**MINIMAL, "gates": {"require_initial_state": True}})
+    assert load_scenario(path).gates.require_initial_state
+    assert not load_scenario(write(tmp_path, MINIMAL)).gates.require_initial_state
+    assert "gates.require_initial_state" in error_of(
+        write(tmp_path, {**MINIMAL, "gates": {"require_initial_state": "sometimes"}})
+    )
+    refused = {**MINIMAL, "gates": {"require_initial_state": True}, "reference": {"proof": "none"}}
+    assert "needs both sides' kernel proof: reference.proof: none" in error_of(
+        write(tmp_path, refused)
+    )
