@@ -26,6 +26,7 @@ from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, VerdictWord, 
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import perf_frame
 from rig.verdict.planted import PlantedDelay
+from rig.verdict.prefix_hits import conversation_hits_gate
 from rig.verdict.speed import SpeedDesign, apply_design, speed_design
 
 SERVING_KEYS = (
@@ -262,6 +263,11 @@ def build_outcome(
         proof_not_asked=proof_not_asked(scenario),
         extra_gates=tuple(
             g for g in (installs_gate(scenario, ctx.plan, state.served_versions),) if g
+        ),
+        prefix_gate=(
+            conversation_hits_gate(reference, candidate, scenario.gates.min_prefix_cache_hits)
+            if scenario.gates.min_prefix_cache_hits is not None
+            else None
         ),
     )
     speed = speed_design(

@@ -13,6 +13,7 @@ from kernels.proof import KernelProof
 from rig.load.replay_records import ForcedLogprobs, ForcedSequence
 from rig.records import REQUESTS_FILE, LevelFault, RequestRecord, ServerDelta, read_records
 from rig.scenario.config import SIDES, Scenario
+from rig.scenario.conversations import Conversation
 from rig.scenario.prompts import Prompt
 from rig.serve.plan import LaunchPlan
 
@@ -30,6 +31,7 @@ class RunContext:
     plan: LaunchPlan
     model_path: str
     prompts: list[Prompt]
+    conversations: tuple[Conversation, ...] = ()  # workload.conversations, sent turn by turn
 
 
 @dataclass

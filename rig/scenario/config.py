@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from rig.scenario.conversations import ConversationSource, source_problem
 from rig.scenario.prompt_sets import PROMPT_SETS
 from rig.secrets import is_secret_name, redact_argv, redact_env
 
@@ -206,7 +207,8 @@ class PromptSource(StrictModel):
 class WorkloadConfig(StrictModel):
     """The requests: the same ordered list goes to both sides at each concurrency level."""
 
-    prompts: list[PromptSource] = Field(min_length=1)
+    prompts: list[PromptSource] = Field(default_factory=list)
+    conversations: ConversationSource | None = None  # instead of prompts: prefix-cache hits
     endpoint: Literal["completions", "chat"] = "completions"
     max_tokens: int = Field(64, gt=0)
     seed: int = 0
@@ -324,6 +326,9 @@ class GatesConfig(StrictModel):
     )
     max_pathologies: int = Field(0, ge=0)
     max_prefix_cache_hits: int = Field(0, ge=0)
+    min_prefix_cache_hits: int | None = Field(
+        None, gt=0, description="workload.conversations: cached prompt tokens each side must show"
+    )
     max_perf_regression_pct: float | None = None
     require_candidate_kernel: bool = True
 
@@ -366,6 +371,13 @@ class Scenario(StrictModel):
                 "gates.max_drift_over_floor needs a floor: control.aa: true or "
                 "gates.calibration_drift"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _requests_sourced(self) -> Scenario:
+        floor = self.gates.min_prefix_cache_hits
+        if problem := source_problem(self.workload, floor, self.control.aa):
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

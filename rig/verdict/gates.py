@@ -218,10 +218,12 @@ def decide(
     reference_backend: str | None = None,
     proof_not_asked: str | None = None,
     extra_gates: tuple[Gate, ...] = (),
+    prefix_gate: Gate | None = None,
 ) -> Verdict:
     """The gates and the word. `requested_kernel`: what the candidate must have run (a kernel's
     name, or vllm-<backend> for an in-tree backend); `proof_not_asked`: why no kernel proof is
-    asked for (also when gates.require_candidate_kernel is false)."""
+    asked for (also when gates.require_candidate_kernel is false); `prefix_gate`: a
+    conversation workload's (rig.verdict.prefix_hits), in place of "no hit"."""
     counts = count(pairs, drift, prefix_cache_hits)
     aa_counts = count(aa_pairs, aa_drift or []) if aa_pairs is not None else None
     g = gates_config
@@ -244,7 +246,8 @@ def decide(
             f"{counts.pathologies} candidate-only or transport pathologies, "
             f"{log_faults} server-log faults (allowed {g.max_pathologies})",
         ),
-        Gate(
+        prefix_gate
+        or Gate(
             "prefix-cache hits",
             prefix_cache_hits <= g.max_prefix_cache_hits,
             f"{prefix_cache_hits:g} hits (allowed {g.max_prefix_cache_hits})",
