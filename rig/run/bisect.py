@@ -162,6 +162,8 @@ def request_spec(run: FinishedRun, request_id: str, side: str, salt_run_id: str)
         raise BisectError(f"request id {request_id!r} is not one of the run's load requests")
     level, repeat, index = (int(part) for part in found.groups())
     workload = run.scenario.workload
+    if workload.conversations is not None:  # a turn alone on fresh servers: no cached state
+        raise BisectError("rig bisect does not replay conversation turns (workload.conversations)")
     specs = level_requests(
         workload,
         resolve_prompts(workload),

@@ -55,6 +55,8 @@ def source_problem(workload, hit_floor: int | None, aa_control: bool) -> str | N
         return "workload: needs exactly one of 'prompts' or 'conversations'"
     if workload.conversations is not None and workload.requests_per_level is not None:
         return "workload.requests_per_level: conversations send every turn once a level"
+    if workload.conversations is not None and workload.warmup_requests not in (None, 0):
+        return "workload.warmup_requests: conversations warm up with every turn (0: none)"
     if workload.conversations is not None and aa_control:
         return "control.aa: not with workload.conversations (it replays single requests)"
     if (workload.conversations is None) != (hit_floor is None):

@@ -80,6 +80,13 @@ def test_request_spec_rebuilds_the_runs_request(tmp_path):
         bisect.request_spec(run, "warmup-3", "candidate", "bisect-x")
 
 
+def test_conversation_turns_are_refused(tmp_path):
+    """A turn sent alone to fresh servers would not start from its cached state."""
+    run = bisect.FinishedRun(tmp_path, load_scenario(Path("scenarios/multi-turn.yaml")), "x")
+    with pytest.raises(bisect.BisectError, match="does not replay conversation turns"):
+        bisect.request_spec(run, "c2-r0-0002", "candidate", "bisect-x")
+
+
 def test_a_folder_without_a_run_is_one_error_line(tmp_path, capsys):
     assert bisect.main([str(tmp_path)]) == ExitCode.ERROR
     err = capsys.readouterr().err.strip().splitlines()

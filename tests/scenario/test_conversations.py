@@ -127,6 +127,7 @@ TALKS = {"conversations": {"path": str(SHIPPED)}}
             "requests_per_level",
         ),
         (TALKS, {"min_prefix_cache_hits": 5}, {"control": {"aa": True}}, "control.aa"),
+        ({**TALKS, "warmup_requests": 2}, {"min_prefix_cache_hits": 5}, {}, "every turn"),
     ],
 )
 def test_scenario_keys_that_do_not_go_together_are_refused(workload, gates, more, problem):
