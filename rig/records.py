@@ -85,6 +85,8 @@ class RequestSpec:
     cache_salt: str  # the caller guarantees uniqueness; vLLM's rules are checked here
     sampling: SamplingParams
     warmup: bool = False  # sent before the measured requests of its side; flagged in the record
+    conversation_id: str | None = None  # workload.conversations: the conversation it belongs to
+    turn: int | None = None  # its turn there, from 0 (rig.scenario.conversations)
 
     def __post_init__(self) -> None:
         validate_cache_salt(self.cache_salt)
@@ -161,6 +163,11 @@ class RequestRecord:
     # arrival: waves: how long the paused server held it before its wave was released; its
     # sent_at, TTFT and E2EL count from the release (rig.load.waves)
     held_s: float | None = None
+    conversation_id: str | None = None  # workload.conversations: its conversation and turn
+    turn: int | None = None
+    # prompt tokens the server took from its prefix cache (usage.prompt_tokens_details, which
+    # vLLM sends with --enable-prompt-tokens-details); None: not reported
+    cached_tokens: int | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -237,6 +244,8 @@ def empty_record(target: ServerTarget, spec: RequestSpec) -> RequestRecord:
         http_status=None,
         error=None,
         warmup=spec.warmup,
+        conversation_id=spec.conversation_id,
+        turn=spec.turn,
     )
 
 

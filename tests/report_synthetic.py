@@ -12,7 +12,8 @@ from pathlib import Path
 
 from rig.manifest_record import GitState, MachineFacts, PlacementFacts, RunManifest
 from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
-from rig.scenario.config import GatesConfig, Scenario
+from rig.scenario.config import Scenario
+from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, decide

@@ -3,6 +3,9 @@ kinds and the one reader of requests.jsonl."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from rig.records import (
@@ -33,6 +36,20 @@ def test_records_round_trip_through_json():
     assert "\n" not in line
     again = RequestRecord.from_json(line)
     assert again == record and isinstance(again.logprobs[0], TokenLogprob)
+
+
+def test_a_turns_fields_reach_the_record_and_older_lines_still_read():
+    """A conversation turn's spec names its conversation and turn; a requests.jsonl line from
+    before those fields (an interrupted run, a golden-cache entry) reads with them unset."""
+    turn = replace(spec(1), conversation_id="talk", turn=2)
+    with serve_in_thread(FAST) as stub:
+        (record,) = one_side(stub, [turn])
+    assert (record.conversation_id, record.turn) == ("talk", 2)
+    older = json.loads(record.to_json())
+    for field in ("conversation_id", "turn", "cached_tokens"):
+        del older[field]
+    again = RequestRecord.from_json(json.dumps(older))
+    assert (again.conversation_id, again.turn, again.cached_tokens) == (None, None, None)
 
 
 @pytest.mark.parametrize(

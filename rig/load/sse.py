@@ -156,6 +156,10 @@ class StreamAccumulator:
             for key, field in counts:
                 count = usage.get(key)
                 setattr(self.record, field, None if count is None else _checked(count, int, key))
+            if (details := usage.get("prompt_tokens_details")) is not None:
+                cached = _checked(details, dict, "prompt_tokens_details").get("cached_tokens")
+                if cached is not None:
+                    self.record.cached_tokens = _checked(cached, int, "cached_tokens")
         choices = message.get("choices")
         if not choices:
             return

@@ -22,8 +22,10 @@ from rig.report.format import cell, check, esc, number, table
 from rig.report.levels import levels_section
 from rig.report.mismatches import Decode, mismatches_section
 from rig.report.plots import drift_figure, margin_figure, side_margins
+from rig.report.prefix_hits import hits_html
 from rig.verdict.gates import VerdictWord
 from rig.verdict.initial_state import ChunkedPrefill
+from rig.verdict.prefix_hits import PREFIX_GATE
 from rig.verdict.speed import speed_headline
 
 # --- verdict, gates, A/A floor, proofs -----------------------------------------------------
@@ -176,10 +178,17 @@ def evidence_section(outcome) -> str:
         )
     cache = outcome.server_deltas
     hits = sum(p.hits for p in cache)
+    turns = hits_html(outcome.records)
+    gate = next((g for g in outcome.verdict.gates if g.name == PREFIX_GATE), None)
+    meaning = (
+        f"conversation turns hit by design; {esc(gate.detail) if gate else 'no gate'}"
+        if turns
+        else "every side and level; any hit means a prefill skipped the kernel"
+    )
+    passed = gate.passed if gate is not None else hits == 0
     parts.append(
-        f"<h2>Prefix cache</h2><p>{check(hits == 0)} prefix-cache hits: {hits:g} in "
-        f"{len(cache)} readings (every side and level; any hit means a prefill skipped the "
-        "kernel).</p>"
+        f"<h2>Prefix cache</h2><p>{check(passed)} prefix-cache hits: {hits:g} in "
+        f"{len(cache)} readings ({meaning}).</p>{turns}"
     )
     if cache:
         rows = [

@@ -10,6 +10,7 @@ import pandas as pd
 from rig.report.format import DASH, check, missing, number
 from rig.report.html import headline_texts
 from rig.report.mismatches import mismatch_order
+from rig.report.prefix_hits import hits_markdown
 from rig.verdict.compare import PairResult
 from rig.verdict.gates import SideKernel, Verdict
 from rig.verdict.outcome import RunOutcome
@@ -164,6 +165,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     head += _server_lines(outcome.perf)
     head += _aa_floor_lines(outcome.perf)
     head += _planted_lines(outcome.perf)
+    head += hits_markdown(outcome.records)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
     budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1

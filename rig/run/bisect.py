@@ -173,8 +173,10 @@ class FinishedRun:
 
 def request_spec(run: FinishedRun, request_id: str, side: str, salt_run_id: str):
     """The run's request `request_id` as sent to `side`, with a fresh cache salt."""
-    record = run.timed_record(request_id)
     workload = run.scenario.workload
+    if workload.conversations is not None:  # a turn alone on fresh servers: no cached state
+        raise BisectError("rig bisect does not replay conversation turns (workload.conversations)")
+    record = run.timed_record(request_id)
     specs = level_requests(
         workload,
         resolve_prompts(workload),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rig.load.replay_records import REPLAY_FILE, read_replay
 from rig.records import REQUESTS_FILE, ExitCode, RequestRecord, read_records
-from rig.scenario.config import GatesConfig
+from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import PairResult, compare_pairs
 
 

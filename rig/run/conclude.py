@@ -26,6 +26,7 @@ from rig.verdict.initial_state import chunked_prefill, initial_state_gate
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import perf_frame
 from rig.verdict.planted import PlantedDelay
+from rig.verdict.prefix_hits import conversation_hits_gate
 from rig.verdict.speed import SpeedDesign, apply_design, speed_design
 
 SERVING_KEYS = (
@@ -268,6 +269,11 @@ def build_outcome(
                 initial_state_gate(kernels) if scenario.gates.require_initial_state else None,
             )
             if g
+        ),
+        prefix_gate=(
+            conversation_hits_gate(reference, candidate, scenario.gates.min_prefix_cache_hits)
+            if scenario.gates.min_prefix_cache_hits is not None
+            else None
         ),
     )
     speed = speed_design(

@@ -8,6 +8,7 @@ until its headline intervals are that narrow, or the time budget ends."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from rig.load.engine import run_level
@@ -16,6 +17,8 @@ from rig.load.server_metrics import MetricsUnreadable, ServerCounters, read_serv
 from rig.load.waves import GateUnavailable, ServerGate
 from rig.records import LevelFault, RequestRecord, ServerDelta, ServerTarget, SideJob
 from rig.run.state import RunContext, RunJournal
+from rig.run.turns import run_turns
+from rig.scenario.config import SIDES
 from rig.scenario.workload import level_requests
 from rig.serve.logs import JIT_COMPILE, scan_log
 from rig.serve.placement import LoadSchedule, shard
@@ -126,9 +129,14 @@ def warm_up_level(
     for number in range(WARMUP_PASSES):
         before = counters(journal, servers, level, 0)
         tag = f"warmup-p{number}-"
-        jobs = level_jobs(ctx, targets, level, repeat=0, tag=tag, count=count)
         print(f"rig: warm-up C={level}, pass {number + 1}: {count} untimed requests per side")
-        run_level(jobs, level, timeout_s=workload.timeout_s, progress=False, waves=waves)
+        send = functools.partial(
+            run_level, concurrency=level, timeout_s=workload.timeout_s, progress=False, waves=waves
+        )
+        if ctx.conversations:
+            run_turns(ctx, targets, level, 0, send, tag=tag)
+        else:
+            send(level_jobs(ctx, targets, level, repeat=0, tag=tag, count=count))
         after = counters(journal, servers, level, 0)
         compiled = [label for label in targets if _compiles(before[label], after[label])]
         if not compiled:
@@ -237,18 +245,18 @@ def run_block(
     before = counters(journal, servers, level, repeat)
     offsets = {label: server.log_size() for label, server in servers.items()}
     started = time.time()
-    jobs = level_jobs(ctx, targets, level, repeat)
-    if pairs:
-        ordered = sorted(jobs, key=lambda job: job.target.side != "reference")
-        results = run_pairs(
-            (ordered[0], ordered[1]),
-            timeout_s=workload.timeout_s,
-            on_record=journal.keep_record,
-            level_timeout_s=workload.level_timeout_s,
-            flip=repeat % 2 == 1,
-        )
-    else:
-        results = run_level(
+
+    def send(jobs: list[SideJob]) -> dict[str, list[RequestRecord]]:
+        if pairs:
+            ordered = sorted(jobs, key=lambda job: job.target.side != "reference")
+            return run_pairs(
+                (ordered[0], ordered[1]),
+                timeout_s=workload.timeout_s,
+                on_record=journal.keep_record,
+                level_timeout_s=workload.level_timeout_s,
+                flip=repeat % 2 == 1,
+            )
+        return run_level(
             jobs,
             level,
             timeout_s=workload.timeout_s,
@@ -259,8 +267,13 @@ def run_block(
             seed=workload.seed,
             waves=waves,
         )
+
+    if ctx.conversations:
+        level_records = run_turns(ctx, targets, level, repeat, send, journal.state)
+    else:
+        results = send(level_jobs(ctx, targets, level, repeat))
+        level_records = [record for side_records in results.values() for record in side_records]
     ended = time.time()
-    level_records = [record for side_records in results.values() for record in side_records]
     for label, server in servers.items():
         affected = failed_requests(level_records, server.plan.side, server.plan.replica)
         for fault in scan_log(label, server.log_text(offsets[label])):
@@ -298,7 +311,7 @@ def run_one_level(
     elif level in schedule.pair_levels:
         run_block(ctx, journal, servers, level, repeat, pairs=True)
     else:
-        for side in block_order(repeat):
+        for side in SIDES if ctx.conversations else block_order(repeat):  # turns: ref first
             own = {label: s for label, s in servers.items() if s.plan.side == side}
             run_block(ctx, journal, own, level, repeat, waves=waves)
 

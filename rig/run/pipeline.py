@@ -40,7 +40,7 @@ from rig.run.state import (
 from rig.scenario.config import Scenario, ScenarioError
 from rig.scenario.loader import load_scenario
 from rig.scenario.prompts import Prompt, PromptFileError
-from rig.scenario.workload import WorkloadError, resolve_prompts
+from rig.scenario.workload import WorkloadError, resolve_conversations, resolve_prompts
 from rig.serve.hardware import Hardware
 from rig.serve.plan import LaunchPlan
 from rig.serve.preflight import PreflightError, preflight, render_plan
@@ -88,7 +88,8 @@ class Runner:
         golden = lookup_golden(cache, scenario, plan, model_path, prompts)
         if golden.entry is not None:
             plan = take_golden(journal, golden.entry, plan)
-        ctx = RunContext(scenario, run_id, run_dir, plan, model_path, prompts)
+        conversations = tuple(resolve_conversations(scenario.workload))
+        ctx = RunContext(scenario, run_id, run_dir, plan, model_path, prompts, conversations)
         return cls(ctx, journal, done_levels, cache, golden)
 
     @property

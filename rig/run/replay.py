@@ -8,6 +8,7 @@ from rig.load.replay_client import forced_sequences, replay_forced
 from rig.records import ServerTarget, SideJob
 from rig.run.load_phase import server_targets
 from rig.run.state import RunContext, RunState
+from rig.run.turns import turn_bodies
 from rig.scenario.config import Scenario
 from rig.scenario.workload import level_requests, tokenize_body
 from rig.serve.servers import Server
@@ -30,6 +31,7 @@ def run_drift(ctx: RunContext, state: RunState, servers: dict[str, Server]) -> N
     if "reference" in targets and not state.sequences:
         bodies = {p.id: tokenize_body(p, ctx.scenario.workload) for p in ctx.prompts}
         reference_records = [r for r in state.records if r.side == "reference"]
+        bodies |= turn_bodies(ctx, reference_records, tokenize_body)
         state.sequences = forced_sequences(reference_records, bodies, targets["reference"])
     replay(ctx, state, targets, "drift")
 

@@ -16,6 +16,7 @@ from rig.manifest_record import RunManifest
 from rig.records import REQUESTS_FILE, LevelFault, RequestRecord, ServerDelta, read_records
 from rig.run.manifest import build_manifest
 from rig.scenario.config import SIDES, Scenario
+from rig.scenario.conversations import Conversation
 from rig.scenario.prompts import Prompt
 from rig.serve.plan import LaunchPlan
 
@@ -33,6 +34,7 @@ class RunContext:
     plan: LaunchPlan
     model_path: str
     prompts: list[Prompt]
+    conversations: tuple[Conversation, ...] = ()  # workload.conversations, sent turn by turn
 
     @functools.cached_property
     def manifest(self) -> RunManifest:

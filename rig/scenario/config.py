@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     field_serializer,
@@ -20,7 +18,10 @@ from pydantic import (
     model_validator,
 )
 
+from rig.scenario.conversations import ConversationSource, source_problem
+from rig.scenario.gates_config import GatesConfig
 from rig.scenario.prompt_sets import PROMPT_SETS
+from rig.scenario.strict import StrictModel
 from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"  # the default; the embedded models are rig.models.embedded.EMBEDDED_MODELS
@@ -31,10 +32,6 @@ GdnBackend = Literal["triton", "flashinfer", "cutedsl"]
 
 class ScenarioError(ValueError):
     """A scenario that cannot be used; the message is one line meant for the user."""
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class _Served(StrictModel):
@@ -206,7 +203,8 @@ class PromptSource(StrictModel):
 class WorkloadConfig(StrictModel):
     """The requests: the same ordered list goes to both sides at each concurrency level."""
 
-    prompts: list[PromptSource] = Field(min_length=1)
+    prompts: list[PromptSource] = Field(default_factory=list)
+    conversations: ConversationSource | None = None  # instead of prompts: prefix-cache hits
     endpoint: Literal["completions", "chat"] = "completions"
     max_tokens: int = Field(64, gt=0)
     seed: int = 0
@@ -303,34 +301,6 @@ class ControlConfig(StrictModel):
     aa_concurrency: int | None = Field(None, gt=0)
 
 
-class GatesConfig(StrictModel):
-    """What fails the run. Thresholds are in nats (natural-log probability units)."""
-
-    max_substantive_divergences: int = Field(0, ge=0)
-    near_tie_margin: float = Field(0.25, ge=0)
-    allow_near_ties_beyond_aa: int = Field(-1, description="-1: any number of near-ties is fine")
-    max_mean_drift: float | None = Field(0.1, ge=0)
-    max_request_drift: float | None = Field(None, ge=0)
-    max_mean_prompt_drift: float | None = Field(
-        None, ge=0, description="mean |Δlogprob| over the forced prompt positions"
-    )
-    calibration_drift: float | None = Field(
-        None, ge=0, description="mean drift of a known-correct kernel pair on this model"
-    )
-    max_drift_over_floor: float | None = Field(
-        None,
-        gt=0,
-        description="mean drift <= this x the floor, max(A/A mean drift, calibration_drift)",
-    )
-    max_pathologies: int = Field(0, ge=0)
-    max_prefix_cache_hits: int = Field(0, ge=0)
-    max_perf_regression_pct: float | None = None
-    require_candidate_kernel: bool = True
-    require_initial_state: bool = Field(
-        False, description="INVALID unless both sides prefilled from a non-zero GDN state"
-    )
-
-
 def model_mapping(value: Any) -> Any:
     """`model: NAME` is short for `model: {name: NAME}`."""
     return {"name": value} if isinstance(value, str) else value
@@ -378,6 +348,13 @@ class Scenario(StrictModel):
             raise ValueError(
                 f"gates.require_initial_state needs both sides' kernel proof: {off[0]}.proof: none"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _requests_sourced(self) -> Scenario:
+        floor = self.gates.min_prefix_cache_hits
+        if problem := source_problem(self.workload, floor, self.control.aa):
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

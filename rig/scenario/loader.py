@@ -14,7 +14,8 @@ from pydantic import (
 )
 
 from rig import PROJECT_ROOT
-from rig.scenario.config import Scenario, ScenarioError, StrictModel, model_mapping
+from rig.scenario.config import Scenario, ScenarioError, model_mapping
+from rig.scenario.strict import StrictModel
 
 PRESETS_DIR = PROJECT_ROOT / "scenarios" / "presets"
 
@@ -152,8 +153,9 @@ def load_scenario(path: Path, overrides: list[str] | None = None) -> Scenario:
 
 
 def _resolve_paths(scenario: Scenario, scenario_dir: Path) -> Scenario:
-    """Prompt paths are relative to the working directory, else to the scenario file's folder,
-    else to the project root (so shipped scenarios work from anywhere)."""
+    """Prompt and conversation paths are relative to the working directory, else to the
+    scenario file's folder, else to the project root (so shipped scenarios work from
+    anywhere)."""
     project_root = PROJECT_ROOT
     sources = []
     for source in scenario.workload.prompts:
@@ -163,5 +165,11 @@ def _resolve_paths(scenario: Scenario, scenario_dir: Path) -> Scenario:
                     source = source.model_copy(update={"path": base / source.path})
                     break
         sources.append(source)
-    workload = scenario.workload.model_copy(update={"prompts": sources})
+    update: dict[str, Any] = {"prompts": sources}
+    if (talks := scenario.workload.conversations) is not None and not talks.path.exists():
+        for base in (scenario_dir, project_root):
+            if not talks.path.is_absolute() and (base / talks.path).exists():
+                update["conversations"] = talks.model_copy(update={"path": base / talks.path})
+                break
+    workload = scenario.workload.model_copy(update=update)
     return scenario.model_copy(update={"workload": workload})

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rig.records import RequestSpec, SamplingParams
 from rig.salts import cache_salt
 from rig.scenario.config import WorkloadConfig
+from rig.scenario.conversations import Conversation, load_conversations, turn_prompts
 from rig.scenario.long_prompts import build_long_prompt
 from rig.scenario.prompt_sets import load_prompt_set
 from rig.scenario.prompts import Prompt, load_prompts
@@ -18,7 +19,17 @@ class WorkloadError(ValueError):
     """A workload that cannot be built; the message is one line meant for the user."""
 
 
+def resolve_conversations(workload: WorkloadConfig) -> list[Conversation]:
+    """The workload's conversations ([] for a workload of prompts)."""
+    if workload.conversations is None:
+        return []
+    return load_conversations(workload.conversations)
+
+
 def resolve_prompts(workload: WorkloadConfig) -> list[Prompt]:
+    """Every request's prompt; for conversations every turn's own (rig.scenario.conversations)."""
+    if workload.conversations is not None:
+        return turn_prompts(resolve_conversations(workload))
     prompts: list[Prompt] = []
     for source in workload.prompts:
         if source.path is not None:
@@ -87,6 +98,61 @@ def level_requests(
             )
         )
     return specs
+
+
+def turn_requests(
+    workload: WorkloadConfig,
+    conversations: list[Conversation],
+    answers: dict[str, list[str]],
+    *,
+    turn: int,
+    positions: list[int],
+    level: int,
+    repeat: int,
+    side: str,
+    run_id: str,
+    tag: str = "",
+) -> list[RequestSpec]:
+    """Turn `turn` of the conversations at `positions` that have one, built from `answers` (the
+    reference's answers to its earlier turns, by conversation id). A conversation's turns share
+    one salt, unique to the run, side, level and repeat; the request ids number the level's
+    turns conversation by conversation, so every block has the same ids."""
+    sampling = sampling_params(workload)
+    offsets = _turn_offsets(conversations)
+    specs = []
+    for position in positions:
+        conversation = conversations[position]
+        if turn >= len(conversation.turns):
+            continue
+        prompt = conversation.prompt(turn, answers.get(conversation.id, []))
+        index = offsets[position] + turn
+        specs.append(
+            RequestSpec(
+                request_id=f"{tag}c{level}-r{repeat}-{index:04d}",
+                prompt_id=prompt.id,
+                level=level,
+                repeat=repeat,
+                index=index,
+                endpoint=workload.endpoint,
+                prompt=prompt.text if workload.endpoint == "completions" else None,
+                messages=(
+                    tuple(prompt.messages_as_dicts()) if workload.endpoint == "chat" else None
+                ),
+                cache_salt=cache_salt(run_id, side, f"{tag}c{level}-r{repeat}-{conversation.id}"),
+                sampling=sampling,
+                conversation_id=conversation.id,
+                turn=turn,
+            )
+        )
+    return specs
+
+
+def _turn_offsets(conversations: list[Conversation]) -> list[int]:
+    offsets, total = [], 0
+    for conversation in conversations:
+        offsets.append(total)
+        total += len(conversation.turns)
+    return offsets
 
 
 def warmup_prompts(workload: WorkloadConfig, prompts: list[Prompt]) -> list[Prompt]:

@@ -189,6 +189,7 @@ def serve_argv(
         str(model.tensor_parallel_size),
         "--seed",
         str(scenario.workload.seed),
+        "--enable-prompt-tokens-details",  # each request's cached tokens, in its usage
         *backend_args(install, scenario.backend_of(side)),
     ]
     flags = {

@@ -21,7 +21,7 @@ import pandas as pd
 from kernels.backends import CPU_NATIVE, reference_kernel_name
 from kernels.proof import InitialStateCounts
 from rig.records import ExitCode
-from rig.scenario.config import GatesConfig
+from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.perf import PERF_METRICS, candidate_rows, worst_slowdown_pct
@@ -220,10 +220,12 @@ def decide(
     reference_backend: str | None = None,
     proof_not_asked: str | None = None,
     extra_gates: tuple[Gate, ...] = (),
+    prefix_gate: Gate | None = None,
 ) -> Verdict:
     """The gates and the word. `requested_kernel`: what the candidate must have run (a kernel's
     name, or vllm-<backend> for an in-tree backend); `proof_not_asked`: why no kernel proof is
-    asked for, rig.run.conclude.proof_not_asked's one reading of the scenario (None: asked)."""
+    asked for, rig.run.conclude.proof_not_asked's one reading of the scenario (None: asked);
+    `prefix_gate`: a conversation workload's (rig.verdict.prefix_hits), in place of "no hit"."""
     counts = count(pairs, drift, prefix_cache_hits)
     aa_counts = count(aa_pairs, aa_drift or []) if aa_pairs is not None else None
     g = gates_config
@@ -246,7 +248,8 @@ def decide(
             f"{counts.pathologies} candidate-only or transport pathologies, "
             f"{log_faults} server-log faults (allowed {g.max_pathologies})",
         ),
-        Gate(
+        prefix_gate
+        or Gate(
             "prefix-cache hits",
             prefix_cache_hits <= g.max_prefix_cache_hits,
             f"{prefix_cache_hits:g} hits (allowed {g.max_prefix_cache_hits})",

@@ -108,30 +108,41 @@ def report(run: RigRun, name: str, wall_s: float) -> None:
             "bad_long_pairs": bad_long_pairs(run),
             "perf": perf_rows(run),
         }
-    print(f"gpu-long {name} {json.dumps(summary, default=str)}")
+    keep_evidence(run, f"gpu-long {name}", summary, EVIDENCE_FILES)
+
+
+def keep_evidence(run: RigRun, title: str, summary: dict, files: tuple[str, ...]) -> None:
+    """Print `title {summary}` and, with RIG_GPU_EVIDENCE_DIR set, copy the summary and the
+    run's `files` there under the run's name, before any assertion."""
+    print(f"{title} {json.dumps(summary, default=str)}")
     evidence = os.environ.get("RIG_GPU_EVIDENCE_DIR")
     if evidence:
-        folder = Path(evidence) / name
+        folder = Path(evidence) / summary["run"]
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        for file in EVIDENCE_FILES:
+        for file in files:
             if (run.run_dir / file).exists():
                 shutil.copy(run.run_dir / file, folder / file)
 
 
-@pytest.fixture(scope="module")
-def run_long(run_rig):
-    """One GPU for the rig (CUDA_VISIBLE_DEVICES), the model built before the clock starts."""
+def one_gpu_runs(run_rig, scenario: str, reporter):
+    """Runs of `scenario` on one GPU (CUDA_VISIBLE_DEVICES), tiny-qwen35 built before the clock
+    starts, each reported by `reporter(run, name, wall_s)` before any assertion."""
     env = {"CUDA_VISIBLE_DEVICES": needs_gpus(1)[0]}
     ensure_tiny_qwen35_model()
 
     def run(name: str, *args: str) -> RigRun:
         started = time.monotonic()
-        done = run_rig(*args, scenario=SCENARIO, name=name, env=env)
-        report(done, name, time.monotonic() - started)
+        done = run_rig(*args, scenario=scenario, name=name, env=env)
+        reporter(done, name, time.monotonic() - started)
         return done
 
     return run
+
+
+@pytest.fixture(scope="module")
+def run_long(run_rig):
+    return one_gpu_runs(run_rig, SCENARIO, report)
 
 
 @pytest.fixture(scope="module")

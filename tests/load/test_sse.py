@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rig.load.engine import run_level
-from rig.load.sse import StreamAccumulator, request_body
+from rig.load.sse import MalformedStream, StreamAccumulator, request_body
 from rig.records import RequestRecord, ServerTarget, SideJob, empty_record
 from rig.scenario.loader import PRESETS_DIR, load_presets, load_scenario
 from rig.scenario.workload import level_requests, resolve_prompts, warmup_prompts
@@ -137,3 +137,16 @@ def test_an_error_event_in_the_stream_and_a_garbage_tail_are_problems_not_except
     assert stream.problem == "http_500: error event in the stream: boom"
     _, stream = _accumulate(b"data: [1, 2]")
     assert stream.problem.startswith("malformed_sse:")
+
+
+def test_cached_tokens_come_from_the_usage_prompt_tokens_details():
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 1400, "completion_tokens": 1, '
+    record, _ = _accumulate(
+        b'data: {"choices": [{"text": "a", "token_ids": [1]}]}\n\n',
+        usage + b'"prompt_tokens_details": {"cached_tokens": 1280}}}\n\n',
+    )
+    assert (record.prompt_tokens, record.cached_tokens) == (1400, 1280)
+    record, _ = _accumulate(usage + b'"prompt_tokens_details": null}}\n\n')
+    assert record.prompt_tokens == 1400 and record.cached_tokens is None  # not reported
+    with pytest.raises(MalformedStream, match="cached_tokens is str"):  # send_request's
+        _accumulate(usage + b'"prompt_tokens_details": {"cached_tokens": "x"}}}\n\n')

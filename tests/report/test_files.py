@@ -5,7 +5,7 @@ import pandas as pd
 
 from rig.records import LevelFault, ServerDelta, TokenLogprob
 from rig.report.files import render_junit
-from rig.scenario.config import GatesConfig
+from rig.scenario.gates_config import GatesConfig
 from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult

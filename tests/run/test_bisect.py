@@ -97,6 +97,13 @@ def test_the_first_substantive_divergence_is_found_in_the_runs_records(tmp_path,
     assert run.first_substantive_request() == "q2"
 
 
+def test_conversation_turns_are_refused(tmp_path):
+    """A turn sent alone to fresh servers would not start from its cached state."""
+    run = bisect.FinishedRun(tmp_path, load_scenario(Path("scenarios/multi-turn.yaml")), "x")
+    with pytest.raises(bisect.BisectError, match="does not replay conversation turns"):
+        bisect.request_spec(run, "c2-r0-0002", "candidate", "bisect-x")
+
+
 def test_a_folder_without_a_run_is_one_error_line(tmp_path, capsys):
     assert bisect.main([str(tmp_path)]) == ExitCode.ERROR
     err = capsys.readouterr().err.strip().splitlines()

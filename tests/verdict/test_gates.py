@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 
 from rig.records import ExitCode
-from rig.scenario.config import GatesConfig
+from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import Divergence, PairResult, Pathology
 from rig.verdict.drift import DriftResult
-from rig.verdict.gates import Gate, GateKind, SideKernel, count, decide, verdict_word
+from rig.verdict.gates import Gate, GateKind, SideKernel, VerdictWord, count, decide, verdict_word
 
 KERNELS = {
     "reference": SideKernel("reference", "fla", 12),
@@ -475,3 +475,13 @@ def test_exit_codes_tell_a_broken_setup_from_a_broken_kernel():
     invalid = verdict(identical(3), hits=2.0)
     assert invalid.word == "INVALID" and invalid.exit_code() == ExitCode.INVALID == 3
     assert invalid.exit_code("the candidate server died") == ExitCode.ERROR == 2
+
+
+def test_a_conversation_workloads_prefix_gate_replaces_no_hits():
+    """Hits by design: the conversation gate (rig.verdict.prefix_hits) decides, INVALID when
+    it fails, whatever the counters' total."""
+    by_design = Gate("prefix-cache hits", True, "cached prompt tokens: ...", GateKind.VALIDITY)
+    result = verdict(identical(3), hits=6400.0, prefix_gate=by_design)
+    assert result.passed and gate(result, "prefix-cache hits") is by_design
+    unequal = replace(by_design, passed=False)
+    assert verdict(identical(3), hits=6400.0, prefix_gate=unequal).word is VerdictWord.INVALID

@@ -2,7 +2,7 @@
 a non-zero state) and each prompt's chunk count at the step budget."""
 
 from kernels.proof import InitialStateCounts
-from rig.scenario.config import GatesConfig
+from rig.scenario.gates_config import GatesConfig
 from rig.verdict.gates import GateKind, SideKernel, decide
 from rig.verdict.initial_state import chunked_prefill, initial_state_gate
 

@@ -1,0 +1,79 @@
+"""The prefix-cache hits of a conversation workload, rendered: cached prompt tokens by turn on
+both sides (summary.md and report.html) and each request's (report.html). Nothing for a
+workload of single requests, whose evidence is the counters' zero."""
+
+from __future__ import annotations
+
+from rig.records import RequestRecord
+from rig.report.format import cell, table
+from rig.verdict.prefix_hits import hits_by_turn
+
+REQUESTS_SHOWN = 200  # per-request rows in report.html
+
+
+def hits_markdown(records: list[RequestRecord]) -> list[str]:
+    """summary.md's lines: one row per turn (empty without conversation turns)."""
+    turns = hits_by_turn(records)
+    if not turns:
+        return []
+    lines = [
+        "Prefix-cache hits by turn (cached prompt tokens):",
+        "",
+        "| turn | requests | prompt tokens | reference | candidate |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {t.turn} | {t.requests} | {t.prompt_tokens:,} | {t.reference:,} | {t.candidate:,} |"
+        for t in turns
+    ]
+    return [*lines, ""]
+
+
+def hits_html(records: list[RequestRecord]) -> str:
+    """report.html's tables: by turn, then every measured request's cached tokens per side."""
+    turns = hits_by_turn(records)
+    if not turns:
+        return ""
+    turn_rows = [
+        cell(t.turn, t.turn, "num")
+        + cell(t.requests, t.requests, "num")
+        + cell(f"{t.prompt_tokens:,}", t.prompt_tokens, "num")
+        + cell(f"{t.reference:,}", t.reference, "num")
+        + cell(
+            f"{t.candidate:,}", t.candidate, "num" + (" bad" if t.reference != t.candidate else "")
+        )
+        for t in turns
+    ]
+    by_id: dict[str, dict[str, RequestRecord]] = {}
+    for record in records:
+        if record.turn is not None and not record.warmup:
+            by_id.setdefault(record.request_id, {})[record.side] = record
+    request_rows = []
+    for request_id, sides in list(by_id.items())[:REQUESTS_SHOWN]:
+        first = next(iter(sides.values()))
+        cached = [
+            sides[s].cached_tokens if s in sides else None for s in ("reference", "candidate")
+        ]
+        request_rows.append(
+            cell(request_id, cls="mono")
+            + cell(first.conversation_id)
+            + cell(first.turn, first.turn, "num")
+            + "".join(
+                cell(
+                    "—" if c is None else f"{c:,}",
+                    c or 0,
+                    "num" + (" bad" if c != cached[0] else ""),
+                )
+                for c in cached
+            )
+        )
+    headers = ["request", "conversation", "turn", "reference", "candidate"]
+    return (
+        "<h3>Cached prompt tokens by conversation turn</h3>"
+        + table(
+            ["turn", "requests", "prompt tokens", "reference", "candidate"], turn_rows, "compact"
+        )
+        + f"<details><summary>per request ({len(by_id)}, first {REQUESTS_SHOWN} shown)</summary>"
+        + table(headers, request_rows)
+        + "</details>"
+    )

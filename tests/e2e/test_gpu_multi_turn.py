@@ -1,0 +1,85 @@
+"""scenarios/gpu-multi-turn.yaml on one GPU with vLLM's CUDA build (`pytest -m gpu
+tests/e2e/test_gpu_multi_turn.py`): conversations on tiny-qwen35 behind ~8K-token documents,
+both sides sharing the GPU, FLA the reference. The ns4 run fills the golden cache and must
+pass with equal hits above the floor; the run with the candidate's prefix caching off starts
+only the candidate and must be INVALID on the prefix-cache gate alone.
+
+Each run prints one line `gpu-multi-turn <name> {json}` (verdict, failed gates, cached tokens
+per turn and side) and, with RIG_GPU_EVIDENCE_DIR set, copies its evidence there under <name>/
+before any assertion, as tests/e2e/test_gpu_long.py does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import RigRun, rig_processes
+from .test_gpu import assert_fla_reference, kernel_of, passed
+from .test_gpu_long import keep_evidence, one_gpu_runs
+
+pytestmark = pytest.mark.gpu
+
+SCENARIO = "scenarios/gpu-multi-turn.yaml"
+FLOOR = 16000  # the scenario's gates.min_prefix_cache_hits
+EVIDENCE_FILES = ("summary.md", "requests.jsonl", "server_counters.jsonl", "manifest.json")
+
+
+def cached_by_turn(run: RigRun) -> dict[str, dict[int, int]]:
+    """Cached prompt tokens per side and turn, over the measured requests."""
+    sums: dict[str, dict[int, int]] = {}
+    for row in run.records():
+        if row["turn"] is not None and not row["warmup"]:
+            side = sums.setdefault(row["side"], {})
+            side[row["turn"]] = side.get(row["turn"], 0) + (row["cached_tokens"] or 0)
+    return sums
+
+
+def report(run: RigRun, name: str, wall_s: float) -> None:
+    summary: dict = {"run": name, "exit": run.returncode, "test_wall_s": round(wall_s, 1)}
+    if (run.run_dir / "manifest.json").exists():
+        verdict = run.manifest().get("verdict") or {}
+        summary |= {
+            "verdict": verdict.get("word"),
+            "failed_gates": [g["detail"] for g in verdict.get("gates", []) if not g["passed"]],
+            "cached_by_turn": cached_by_turn(run),
+        }
+    keep_evidence(run, f"gpu-multi-turn {name}", summary, EVIDENCE_FILES)
+
+
+@pytest.fixture(scope="module")
+def run_turns(run_rig):
+    return one_gpu_runs(run_rig, SCENARIO, report)
+
+
+@pytest.fixture(scope="module")
+def turns_ns4(run_turns) -> RigRun:
+    return run_turns("gpu1-turns-ns4")  # fills the golden cache
+
+
+@pytest.fixture(scope="module")
+def turns_lopsided(turns_ns4, run_turns) -> RigRun:
+    return run_turns(
+        "gpu1-turns-lopsided", "--set", 'candidate.serve_args=["--no-enable-prefix-caching"]'
+    )
+
+
+def test_ns4_hits_equally_on_both_sides_above_the_floor(turns_ns4):
+    run = turns_ns4
+    assert run.returncode == 0, passed(run)
+    assert run.manifest()["verdict"]["word"] in ("identical", "equivalent up to near-ties")
+    gate = run.gate("prefix-cache hits")
+    assert gate["passed"] and "0 requests differ" in gate["detail"], gate
+    sums = cached_by_turn(run)
+    assert sums["reference"] == sums["candidate"]
+    assert sum(sums["reference"].values()) >= FLOOR and sums["reference"][0] == 0
+    assert kernel_of(run, "candidate")["kernel"] == "ns4"
+    assert_fla_reference(run)
+
+
+def test_hits_that_differ_between_the_sides_make_the_run_invalid(turns_lopsided):
+    run = turns_lopsided
+    assert run.returncode == 3, passed(run)
+    failed = [g for g in run.manifest()["verdict"]["gates"] if not g["passed"]]
+    assert [g["name"] for g in failed] == ["prefix-cache hits"]
+    assert "\n" not in failed[0]["detail"] and "candidate 0 " in failed[0]["detail"]
+    assert rig_processes() == []

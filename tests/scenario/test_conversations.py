@@ -1,0 +1,140 @@
+"""Conversation files: two kinds (multi-turn, shared prefix), each turn's messages, one-line
+errors, and the scenario keys that go with them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rig.scenario.config import Scenario
+from rig.scenario.conversations import (
+    ConversationSource,
+    load_conversations,
+    turn_prompts,
+)
+from rig.scenario.prompts import PromptFileError
+
+SHIPPED = Path(__file__).parents[2] / "prompts" / "conversations.jsonl"
+
+
+def write(tmp_path: Path, *rows: object) -> Path:
+    path = tmp_path / "talks.jsonl"
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_multi_turn_carries_earlier_turns_with_the_given_answers(tmp_path):
+    path = write(tmp_path, {"id": "a", "system": "Be brief.", "turns": ["q1", "q2", "q3"]})
+    (talk,) = load_conversations(ConversationSource(path=path))
+    assert talk.history and talk.category == "multi-turn"
+    messages = [(m.role, m.content) for m in talk.messages(2, ["r1", "r2"])]
+    assert messages == [
+        ("system", "Be brief."),
+        ("user", "q1"),
+        ("assistant", "r1"),
+        ("user", "q2"),
+        ("assistant", "r2"),
+        ("user", "q3"),
+    ]
+    first, second = talk.prompt(1, ["r1"]), talk.prompt(1, ["other"])
+    assert first.id.startswith("a.t1.") and first.id != second.id  # the answers it carries
+    assert talk.prompt(0, []).id == "a.t0"
+    with pytest.raises(ValueError, match="1 earlier answers"):
+        talk.messages(2, ["r1"])
+
+
+def test_shared_prefix_questions_stand_alone_after_the_document(tmp_path):
+    path = write(tmp_path, {"id": "d", "system": "DOC", "questions": ["x?", "y?"]})
+    (doc,) = load_conversations(ConversationSource(path=path))
+    assert not doc.history and doc.category == "shared-prefix"
+    assert [(m.role, m.content) for m in doc.messages(1, [])] == [("system", "DOC"), ("user", "y?")]
+    assert doc.prompt(1, ["ignored"]).id == "d.t1"
+
+
+def test_prefix_tokens_put_a_seeded_document_before_each_system_text(tmp_path):
+    path = write(
+        tmp_path, {"id": "a", "system": "S", "turns": ["1", "2"]}, {"questions": ["3", "4"]}
+    )
+    source = ConversationSource(path=path, prefix_tokens=300, seed=4)
+    first, second = load_conversations(source)
+    assert first.system.endswith("\n\nS") and len(first.system) > 1000
+    assert second.id == "conversation-1" and second.system != first.system[:-3]
+    assert load_conversations(source) == [first, second]  # seeded: the same every time
+    assert [p.id for p in turn_prompts([first, second])] == [
+        "a.t0",
+        "a.t1",
+        "conversation-1.t0",
+        "conversation-1.t1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ("{not json", ":1: not JSON"),
+        ({"turns": ["a"]}, "'turns' must be a list of at least two strings"),
+        ({"turns": ["a", "b"], "questions": ["c", "d"]}, "exactly one of 'turns' or 'questions'"),
+        ({"turns": ["a", ""]}, "'turns[1]' must be a non-empty string"),
+        ({"turns": ["a", "b"], "system": 3}, "'system' must be a non-empty string"),
+        ({"turns": ["a", "b"], "model": "x"}, "unknown key 'model'"),
+        ([1], "expected an object"),
+    ],
+)
+def test_a_bad_line_is_one_line_naming_file_and_line(tmp_path, row, problem):
+    path = write(tmp_path, row)
+    with pytest.raises(PromptFileError, match=re.escape(problem)) as caught:
+        load_conversations(ConversationSource(path=path))
+    assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value)
+
+
+def test_duplicate_ids_missing_files_and_limit(tmp_path):
+    path = write(tmp_path, {"id": "a", "turns": ["1", "2"]}, {"id": "a", "questions": ["3", "4"]})
+    with pytest.raises(PromptFileError, match="'a' appears more than once"):
+        load_conversations(ConversationSource(path=path))
+    with pytest.raises(PromptFileError, match="conversation file not found"):
+        load_conversations(ConversationSource(path=tmp_path / "nope.jsonl"))
+    assert len(load_conversations(ConversationSource(path=SHIPPED, limit=2))) == 2
+
+
+def scenario(workload: dict, gates: dict | None = None, **more) -> Scenario:
+    return Scenario.model_validate(
+        {"name": "t", "workload": {"concurrency": [1], **workload}, "gates": gates or {}, **more}
+    )
+
+
+TALKS = {"conversations": {"path": str(SHIPPED)}}
+
+
+@pytest.mark.parametrize(
+    ("workload", "gates", "more", "problem"),
+    [
+        (TALKS, {}, {}, "go together"),
+        ({"prompts": [{"long_tokens": [10]}]}, {"min_prefix_cache_hits": 5}, {}, "go together"),
+        (
+            {**TALKS, "prompts": [{"long_tokens": [10]}]},
+            {"min_prefix_cache_hits": 5},
+            {},
+            "exactly one",
+        ),
+        ({}, {}, {}, "exactly one of 'prompts' or 'conversations'"),
+        (
+            {**TALKS, "requests_per_level": 4},
+            {"min_prefix_cache_hits": 5},
+            {},
+            "requests_per_level",
+        ),
+        (TALKS, {"min_prefix_cache_hits": 5}, {"control": {"aa": True}}, "control.aa"),
+        ({**TALKS, "warmup_requests": 2}, {"min_prefix_cache_hits": 5}, {}, "every turn"),
+    ],
+)
+def test_scenario_keys_that_do_not_go_together_are_refused(workload, gates, more, problem):
+    with pytest.raises(ValueError, match=problem):
+        scenario(workload, gates, **more)
+
+
+def test_conversations_with_a_floor_validate():
+    run = scenario(TALKS, {"min_prefix_cache_hits": 5})
+    assert run.workload.conversations.path == SHIPPED and run.workload.prompts == []
