@@ -24,6 +24,14 @@ CompletionKey = tuple[str, tuple[int, ...]]  # (prompt id, completion token ids)
 REQUESTS_FILE = "requests.jsonl"
 
 
+class Side(StrEnum):
+    """The two sides of a comparison. A server's label may add a replica (`reference-1`); a
+    record's side may be another run's (`rig compare`) or the A/A replay's."""
+
+    REFERENCE = "reference"
+    CANDIDATE = "candidate"
+
+
 class ErrorKind(StrEnum):
     """Why a request failed: the `<kind>` of RequestRecord.error, written "<kind>: <detail>"."""
 
@@ -111,7 +119,7 @@ class ServerTarget:
     """Where one server of a side answers: its URL, served name and API key. Built by
     rig.serve.servers.Server.target, from the server's plan."""
 
-    side: str  # "reference" | "candidate" | ...
+    side: str  # a Side, or a label beyond them (`reference (A/A)`)
     base_url: str  # http://127.0.0.1:PORT
     model: str  # served model name
     api_key: SecretStr | None = None  # masked in repr and dumps

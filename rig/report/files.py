@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rig.records import Side
 from rig.report.html import render_html
 from rig.report.markdown import render_markdown
 from rig.report.mismatches import Decode
@@ -60,7 +61,7 @@ def seeds_table(summary: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
         suffixes = ("_change_pct", "_ci_low_pct", "_ci_high_pct", "_word")
         keep = ["level"] + [c for c in deltas.columns if c.endswith(suffixes)]
         table = table.merge(candidate_rows(deltas)[keep], on="level", how="left")
-        reference_rows = table["side"] != "candidate"
+        reference_rows = table["side"] != Side.CANDIDATE
         table.loc[reference_rows, [c for c in keep if c != "level"]] = None
     return table
 

@@ -8,7 +8,7 @@ import re
 
 import pandas as pd
 
-from rig.records import RequestRecord
+from rig.records import RequestRecord, Side
 from rig.report.format import DASH, cell, esc, missing, number, table
 from rig.report.plots import curve_figure, level_figure
 from rig.verdict.perf import CANDIDATE
@@ -58,7 +58,7 @@ def _level_row(level: int, side: str, group: pd.DataFrame) -> str:
     cells = cell(level, level, "num") + cell(side, cls="nowrap")
     requests, ok = int(group["requests"].sum()), int(group["completed"].sum())
     cells += cell(f"{ok:,}/{requests:,}", ok, "num" + ("" if ok == requests else " bad"))
-    if "matches" in group.columns and side == "candidate":
+    if "matches" in group.columns and side == Side.CANDIDATE:
         matches, pairs = group["matches"].sum(min_count=1), group["pairs"].sum(min_count=1)
         text = DASH if missing(matches) else f"{int(matches):,}/{int(pairs):,}"
         cells += cell(text, matches, "num")
@@ -204,7 +204,7 @@ def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
         if not record.warmup:
             by_level.setdefault(record.level, {}).setdefault(record.side, []).append(record)
     for level in sorted(by_level):
-        sides = dict(sorted(by_level[level].items(), key=lambda item: item[0] != "reference"))
+        sides = dict(sorted(by_level[level].items(), key=lambda item: item[0] != Side.REFERENCE))
         level_rows = summary[summary["level"] == level]
         throughput = {
             side: level_rows[level_rows["side"] == side]["total_token_throughput"].tolist()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from rig.records import RequestRecord
+from rig.records import RequestRecord, Side
 from rig.report.format import DASH, cell, esc, number
 from rig.verdict.compare import PairResult
 
@@ -147,8 +147,8 @@ def mismatch_card(
     decode: Decode | None,
     open_: bool,
 ) -> str:
-    ref = records.get(("reference", pair.request_id))
-    cand = records.get(("candidate", pair.request_id))
+    ref = records.get((Side.REFERENCE, pair.request_id))
+    cand = records.get((Side.CANDIDATE, pair.request_id))
     d, kind = pair.divergence, label(pair)
     facts = [f"prompt {pair.prompt_id} ({category})", f"C={pair.level}", f"repeat {pair.repeat}"]
     if d is not None:
@@ -164,8 +164,8 @@ def mismatch_card(
     sides = []
     ref_token, cand_token = (d.reference_token_id, d.candidate_token_id) if d else (None, None)
     for side, record, own, other, top in (
-        ("reference", ref, ref_token, cand_token, d and d.reference_top),
-        ("candidate", cand, cand_token, ref_token, d and d.candidate_top),
+        (Side.REFERENCE, ref, ref_token, cand_token, d and d.reference_top),
+        (Side.CANDIDATE, cand, cand_token, ref_token, d and d.candidate_top),
     ):
         text = record.text if record is not None else ""
         body = completion_html(text, divergent_span(record, pair, decode))

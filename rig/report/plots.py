@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rig.records import CompletionKey, RequestRecord, TokenLogprob
+from rig.records import CompletionKey, RequestRecord, Side, TokenLogprob
 from rig.verdict.drift import DriftResult
 
-SIDE_COLOURS = {"reference": "#1f5fa8", "candidate": "#c2381f", "A/A": "#7a7a7a"}
+SIDE_COLOURS = {Side.REFERENCE: "#1f5fa8", Side.CANDIDATE: "#c2381f", "A/A": "#7a7a7a"}
 CDF_POINTS = 200  # a long distribution is drawn through this many quantiles
 MARGIN_MARKS = (0.25, 1.0)  # nats: the shares of positions under these are printed per side
 MARGIN_TICKS = (0, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100)
@@ -105,7 +105,7 @@ def drift_figure(
 ) -> str | None:
     """CDFs of each sequence's mean |Δlogprob| over completion and over prompt positions, for
     the candidate and (when measured) the A/A control, with the gate thresholds dashed."""
-    measured = {"candidate": [d for d in candidate if d.error is None]}
+    measured = {Side.CANDIDATE: [d for d in candidate if d.error is None]}
     if aa is not None:
         measured["A/A"] = [d for d in aa if d.error is None]
     if not any(measured.values()):
@@ -211,7 +211,7 @@ def side_margins(
             margins,
             {mark: sum(m < mark for m in margins) / len(margins) for mark in MARGIN_MARKS},
         )
-        for side, margins in sorted(by_side.items(), key=lambda item: item[0] != "reference")
+        for side, margins in sorted(by_side.items(), key=lambda item: item[0] != Side.REFERENCE)
         if margins
     ]
 

@@ -4,7 +4,7 @@ workload of single requests, whose evidence is the counters' zero."""
 
 from __future__ import annotations
 
-from rig.records import RequestRecord
+from rig.records import RequestRecord, Side
 from rig.report.format import cell, table
 from rig.verdict.prefix_hits import hits_by_turn
 
@@ -52,7 +52,7 @@ def hits_html(records: list[RequestRecord]) -> str:
     for request_id, sides in list(by_id.items())[:REQUESTS_SHOWN]:
         first = next(iter(sides.values()))
         cached = [
-            sides[s].cached_tokens if s in sides else None for s in ("reference", "candidate")
+            sides[s].cached_tokens if s in sides else None for s in (Side.REFERENCE, Side.CANDIDATE)
         ]
         request_rows.append(
             cell(request_id, cls="mono")
@@ -67,11 +67,13 @@ def hits_html(records: list[RequestRecord]) -> str:
                 for c in cached
             )
         )
-    headers = ["request", "conversation", "turn", "reference", "candidate"]
+    headers = ["request", "conversation", "turn", Side.REFERENCE, Side.CANDIDATE]
     return (
         "<h3>Cached prompt tokens by conversation turn</h3>"
         + table(
-            ["turn", "requests", "prompt tokens", "reference", "candidate"], turn_rows, "compact"
+            ["turn", "requests", "prompt tokens", Side.REFERENCE, Side.CANDIDATE],
+            turn_rows,
+            "compact",
         )
         + f"<details><summary>per request ({len(by_id)}, first {REQUESTS_SHOWN} shown)</summary>"
         + table(headers, request_rows)

@@ -39,7 +39,7 @@ from kernels.runners import (
     reference_runner,
 )
 from rig.load.engine import run_level
-from rig.records import REQUESTS_FILE, ExitCode, RequestRecord, SideJob, read_records
+from rig.records import REQUESTS_FILE, ExitCode, RequestRecord, Side, SideJob, read_records
 from rig.run.compare_runs import run_pairs
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.workload import level_requests, resolve_prompts
@@ -88,8 +88,8 @@ class CallComparison:
     @property
     def closer_to_float64(self) -> str:
         if not self.candidate_finite or not self.candidate_error <= self.reference_error:
-            return "reference"
-        return "candidate"
+            return Side.REFERENCE
+        return Side.CANDIDATE
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ class FinishedRun:
     def timed_record(self, request_id: str) -> RequestRecord:
         """The reference's timed record of `request_id`: where the request sat in the load."""
         for record in read_records(self.run_dir / REQUESTS_FILE):
-            timed = record.side == "reference" and not record.warmup
+            timed = record.side == Side.REFERENCE and not record.warmup
             if timed and record.request_id == request_id:
                 return record
         raise BisectError(f"request id {request_id!r} is not one of the run's timed requests")
@@ -324,7 +324,7 @@ def bisect(run_dir: Path, request_id: str | None = None) -> tuple[BisectResult, 
     run = FinishedRun.load(run_dir)
     request_id = request_id or run.first_substantive_request()
     out_dir = run_dir / f"bisect-{request_id}"
-    spec = request_spec(run, request_id, "reference", "bisect")
+    spec = request_spec(run, request_id, Side.REFERENCE, "bisect")
     print(f"rig bisect: {request_id} ({spec.prompt_id}) on fresh servers, GDN capture on")
     captured = capture_request(run, request_id, out_dir)
     calls = [request_calls(captured.capture_dirs[side]) for side in SIDES]

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rig.load.replay_records import REPLAY_FILE, read_replay
-from rig.records import REQUESTS_FILE, ExitCode, RequestRecord, read_records
+from rig.records import REQUESTS_FILE, ExitCode, RequestRecord, Side, read_records
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import PairResult, compare_pairs
 
@@ -30,8 +30,8 @@ def run_pairs(run_dir: Path, near_tie_margin: float, max_tokens: int | None) -> 
     """One stored run's own pairs, reference against candidate, as its verdict compared them."""
     replayed = read_replay(Path(run_dir) / REPLAY_FILE)
     return compare_pairs(
-        side_records(run_dir, "reference"),
-        side_records(run_dir, "candidate"),
+        side_records(run_dir, Side.REFERENCE),
+        side_records(run_dir, Side.CANDIDATE),
         near_tie_margin,
         max_tokens,
         replayed,
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run_a", type=Path)
     parser.add_argument("run_b", type=Path)
-    parser.add_argument("--side-a", default="reference")
-    parser.add_argument("--side-b", default="candidate")
+    parser.add_argument("--side-a", default=Side.REFERENCE)
+    parser.add_argument("--side-b", default=Side.CANDIDATE)
     parser.add_argument(
         "--near-tie-margin",
         type=float,

@@ -9,7 +9,7 @@ from pathlib import Path
 from kernels.backends import reference_kernel_name
 from kernels.proof import InitialStateCounts, KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
-from rig.records import ServerDelta
+from rig.records import ServerDelta, Side
 from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
@@ -29,21 +29,10 @@ from rig.verdict.planted import PlantedDelay
 from rig.verdict.prefix_hits import conversation_hits_gate
 from rig.verdict.speed import SpeedDesign, apply_design, speed_design
 
-SERVING_KEYS = (
-    "kernel",
-    "gdn_prefill_backend",
-    "serve_args",
-    "env",
-    "python",
-    "vllm_executable",
-    "command",
-)
-
 
 def is_aa_run(scenario: Scenario) -> bool:
     """Reference against reference: both sides served alike (same install, flags, kernel)."""
-    ref, cand = scenario.reference, scenario.candidate
-    return all(getattr(ref, key) == getattr(cand, key) for key in SERVING_KEYS)
+    return scenario.reference.serves_like(scenario.candidate)
 
 
 def candidate_should_run(scenario: Scenario) -> str | None:
@@ -52,8 +41,8 @@ def candidate_should_run(scenario: Scenario) -> str | None:
     candidate = scenario.candidate
     if candidate.kernel is not None:
         return candidate.kernel
-    backend = scenario.backend_of("candidate")
-    if backend != scenario.backend_of("reference"):
+    backend = scenario.backend_of(Side.CANDIDATE)
+    if backend != scenario.backend_of(Side.REFERENCE):
         return reference_kernel_name(backend)
     return None
 
@@ -73,9 +62,9 @@ def side_kernels(
     that died before its proof was read is read from its log)."""
     kernels = {}
     if golden is not None:
-        kernels["reference"] = golden.kernel
+        kernels[Side.REFERENCE] = golden.kernel
     for side in SIDES:
-        if side == "reference" and golden is not None:
+        if side == Side.REFERENCE and golden is not None:
             continue
         found = []
         for server in plan.side_servers(side):
@@ -119,7 +108,7 @@ def planted_delay(
     calls: dict[tuple[int, int], int] = {}
     for delta in deltas:
         server = plan.servers.get(delta.server)
-        if server is None or server.side != "candidate":
+        if server is None or server.side != Side.CANDIDATE:
             continue
         if delta.gdn_prefill_calls is None:
             return None
@@ -155,9 +144,9 @@ def installs_gate(scenario: Scenario, plan: LaunchPlan, served: dict[str, str]) 
 def side_drift(state: RunState, side: str) -> list[DriftResult]:
     """`side`'s teacher-forced drift from the reference; empty unless both replayed."""
     forced = state.forced
-    if "reference" not in forced or side not in forced:
+    if Side.REFERENCE not in forced or side not in forced:
         return []
-    return drift_results(state.sequences, forced["reference"], forced[side])
+    return drift_results(state.sequences, forced[Side.REFERENCE], forced[side])
 
 
 def model_decoder(model_path: str) -> Decode | None:
@@ -207,8 +196,8 @@ def build_outcome(
     """Compare the finished pairs, decide the verdict, gather what the report shows."""
     scenario = ctx.scenario
     finished_records = [r for r in state.records if finished(r)]
-    reference = [r for r in finished_records if r.side == "reference"]
-    candidate = [r for r in finished_records if r.side == "candidate"]
+    reference = [r for r in finished_records if r.side == Side.REFERENCE]
+    candidate = [r for r in finished_records if r.side == Side.CANDIDATE]
     answered = {r.request_id for r in candidate}
     reference = [r for r in reference if r.request_id in answered]
     replayed = {
@@ -221,7 +210,7 @@ def build_outcome(
         scenario.workload.max_tokens,
         replayed,
     )
-    drift = side_drift(state, "candidate")
+    drift = side_drift(state, Side.CANDIDATE)
     aa_pairs = aa_drift = None
     if state.aa_records:
         # The A/A replay reuses the first level's request ids, so it pairs by id.
@@ -259,7 +248,7 @@ def build_outcome(
         aa_pairs=aa_pairs,
         aa_drift=aa_drift,
         reference_backend=(
-            scenario.backend_of("reference") if scenario.reference.proof != "none" else None
+            scenario.backend_of(Side.REFERENCE) if scenario.reference.proof != "none" else None
         ),
         proof_not_asked=proof_not_asked(scenario),
         extra_gates=tuple(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rig.records import Side
 from rig.run.cache import DIGESTS_FILE, GoldenCache, GoldenEntry, golden_key
 from rig.run.state import RunJournal
 from rig.scenario.config import Scenario
@@ -33,8 +34,10 @@ def lookup_golden(
     """The cache serves runs without an A/A control (it needs the reference server) whose
     reference the rig starts itself (an attached server is not what the key describes)."""
     memo = cache.root / DIGESTS_FILE if cache is not None else None
-    key, fields = golden_key(scenario, plan.servers["reference"], model_path, prompts, memo)
-    usable = cache is not None and not scenario.control.aa and plan.servers["reference"].url is None
+    key, fields = golden_key(scenario, plan.servers[Side.REFERENCE], model_path, prompts, memo)
+    usable = (
+        cache is not None and not scenario.control.aa and plan.servers[Side.REFERENCE].url is None
+    )
     return GoldenLookup(key, fields, cache.load(key) if usable else None)
 
 
@@ -46,8 +49,8 @@ def take_golden(journal: RunJournal, golden: GoldenEntry, plan: LaunchPlan) -> L
     for record in golden.records:
         journal.sink(record)
     state.sequences = golden.sequences
-    state.forced["reference"] = golden.forced
-    return plan.without("reference")
+    state.forced[Side.REFERENCE] = golden.forced
+    return plan.without(Side.REFERENCE)
 
 
 def store_golden(
@@ -61,12 +64,12 @@ def store_golden(
     """Keep this run's reference results for the next candidate iteration. `side_kernels`
     (read from the servers' proofs, perhaps their logs) is read only when the rest allows."""
     state = journal.state
-    reference = [r for r in state.records if r.side == "reference"]
+    reference = [r for r in state.records if r.side == Side.REFERENCE]
     if (
         cache is None
         or lookup.entry is not None
-        or plan.servers["reference"].url is not None  # not what the key describes
-        or "reference" not in side_kernels()
+        or plan.servers[Side.REFERENCE].url is not None  # not what the key describes
+        or Side.REFERENCE not in side_kernels()
         or any(r.error is not None for r in reference)
     ):
         return  # only complete, clean reference results are worth reusing
@@ -74,8 +77,8 @@ def store_golden(
         source_run=run_id,
         records=reference,
         sequences=state.sequences,
-        forced=state.forced.get("reference", {}),
-        kernel=side_kernels()["reference"],
+        forced=state.forced.get(Side.REFERENCE, {}),
+        kernel=side_kernels()[Side.REFERENCE],
         timings=dict(state.timings),
     )
     folder = cache.store(lookup.key, lookup.fields, entry)

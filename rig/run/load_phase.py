@@ -15,7 +15,7 @@ from rig.load.engine import run_level
 from rig.load.pairs import run_pairs
 from rig.load.server_metrics import MetricsUnreadable, ServerCounters, read_server_counters
 from rig.load.waves import GateUnavailable, ServerGate
-from rig.records import LevelFault, RequestRecord, ServerDelta, ServerTarget, SideJob
+from rig.records import LevelFault, RequestRecord, ServerDelta, ServerTarget, Side, SideJob
 from rig.run.state import RunContext, RunJournal
 from rig.run.turns import run_turns
 from rig.scenario.config import SIDES
@@ -248,7 +248,7 @@ def run_block(
 
     def send(jobs: list[SideJob]) -> dict[str, list[RequestRecord]]:
         if pairs:
-            ordered = sorted(jobs, key=lambda job: job.target.side != "reference")
+            ordered = sorted(jobs, key=lambda job: job.target.side != Side.REFERENCE)
             return run_pairs(
                 (ordered[0], ordered[1]),
                 timeout_s=workload.timeout_s,
@@ -292,7 +292,7 @@ def run_block(
 def block_order(repeat: int) -> tuple[str, str]:
     """ABBA over block pairs: reference first in even repeats, candidate first in odd ones, so
     that a machine drifting over time slows both sides alike."""
-    return ("reference", "candidate") if repeat % 2 == 0 else ("candidate", "reference")
+    return (Side.REFERENCE, Side.CANDIDATE) if repeat % 2 == 0 else (Side.CANDIDATE, Side.REFERENCE)
 
 
 def run_one_level(
@@ -348,7 +348,7 @@ def run_load(
     workload = ctx.scenario.workload
     schedule = ctx.plan.load_schedule(workload)
     deadline = time.monotonic() + workload.speed_budget_s
-    both = {server.plan.side for server in servers.values()} >= {"reference", "candidate"}
+    both = {server.plan.side for server in servers.values()} >= {Side.REFERENCE, Side.CANDIDATE}
     adaptive = both and schedule.kind != "apart"
     if any(schedule.in_waves(level) for level, _ in levels):
         check_gates(servers)
@@ -378,8 +378,8 @@ def _more_blocks(ctx: RunContext, journal: RunJournal, level: int, deadline: flo
     done = [r for r in state.records if r.level == level]
     confidence = SpeedDesign(True).interval_confidence(len(workload.concurrency))
     status = level_resolution(
-        [r for r in done if r.side == "reference"],
-        [r for r in done if r.side == "candidate"],
+        [r for r in done if r.side == Side.REFERENCE],
+        [r for r in done if r.side == Side.CANDIDATE],
         level,
         timing,
         confidence,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from kernels.proof import read_kernel_proof
 from rig.load.server_metrics import MetricsUnreadable, fetch_kernel_proof, served_version
+from rig.records import Side
 from rig.run.state import RunContext, RunState
 from rig.serve.plan import ServerPlan
 from rig.serve.servers import Server
@@ -78,8 +79,8 @@ def run_phases(
                 extras_due.discard(planned.servers)
                 first_pair = {s.plan.side: s for s in servers.values() if s.plan.replica == 0}
                 steps.drift(first_pair)
-                if scenario.control.aa and "reference" in first_pair:
-                    steps.aa(first_pair["reference"])
+                if scenario.control.aa and Side.REFERENCE in first_pair:
+                    steps.aa(first_pair[Side.REFERENCE])
             steps.proofs(servers)
             for label in planned.servers:
                 state.add_timing(f"{label}_server_s", time.monotonic() - started)

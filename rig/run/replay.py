@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rig.load.engine import run_level
 from rig.load.replay_client import forced_sequences, replay_forced
-from rig.records import ServerTarget, SideJob
+from rig.records import ServerTarget, Side, SideJob
 from rig.run.load_phase import server_targets
 from rig.run.state import RunContext, RunState
 from rig.run.turns import turn_bodies
@@ -28,11 +28,11 @@ def run_drift(ctx: RunContext, state: RunState, servers: dict[str, Server]) -> N
     if not ctx.scenario.drift.enabled:
         return
     targets = server_targets(servers)
-    if "reference" in targets and not state.sequences:
+    if Side.REFERENCE in targets and not state.sequences:
         bodies = {p.id: tokenize_body(p, ctx.scenario.workload) for p in ctx.prompts}
-        reference_records = [r for r in state.records if r.side == "reference"]
+        reference_records = [r for r in state.records if r.side == Side.REFERENCE]
         bodies |= turn_bodies(ctx, reference_records, tokenize_body)
-        state.sequences = forced_sequences(reference_records, bodies, targets["reference"])
+        state.sequences = forced_sequences(reference_records, bodies, targets[Side.REFERENCE])
     replay(ctx, state, targets, "drift")
 
 
@@ -40,12 +40,12 @@ def replay_indices(state: RunState, side: str, max_requests: int | None) -> list
     """Which of the sequences `side` replays. The reference: every completion it wrote
     (which pairs diverge is known only once the candidate ran, perhaps from the golden
     cache); another side: the drift's sample and the completions its pairs diverge from."""
-    if side == "reference":
+    if side == Side.REFERENCE:
         return list(range(len(state.sequences)))
     records = state.aa_records if side == AA_SIDE else state.records
     return replay_selection(
         state.sequences,
-        [r for r in state.records if r.side == "reference"],
+        [r for r in state.records if r.side == Side.REFERENCE],
         [r for r in records if r.side == side],
         max_requests,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rig.records import RequestRecord, ServerTarget, SideJob
+from rig.records import RequestRecord, ServerTarget, Side, SideJob
 from rig.run.state import RunContext, RunState
 from rig.scenario.workload import turn_requests
 from rig.serve.placement import shard
@@ -56,7 +56,7 @@ def run_turns(
     for turn in range(max(len(c.turns) for c in conversations)):
         answers = None
         if reference is not None:
-            answers = answers_by_conversation(reference.records, "reference", level, repeat)
+            answers = answers_by_conversation(reference.records, Side.REFERENCE, level, repeat)
         jobs = []
         for target in targets.values():
             own = answers_by_conversation(sent, target.side, level, repeat)
@@ -97,7 +97,7 @@ def turn_bodies(ctx: RunContext, reference: list[RequestRecord], body) -> dict[s
             continue
         block = (record.level, record.repeat)
         if block not in blocks:
-            blocks[block] = answers_by_conversation(reference, "reference", *block)
+            blocks[block] = answers_by_conversation(reference, Side.REFERENCE, *block)
         prompt = conversation.prompt(record.turn, blocks[block].get(conversation.id, []))
         bodies[prompt.id] = body(prompt, ctx.scenario.workload)
     return bodies

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from rig.records import Side
 from rig.scenario.conversations import ConversationSource, source_problem
 from rig.scenario.gates_config import GatesConfig
 from rig.scenario.prompt_sets import PROMPT_SETS
@@ -25,7 +26,10 @@ from rig.scenario.strict import StrictModel
 from rig.secrets import is_secret_name, redact_argv, redact_env
 
 TINY_MODEL = "tiny"  # the default; the embedded models are rig.models.embedded.EMBEDDED_MODELS
-SIDES = ("reference", "candidate")
+SIDES = tuple(Side)
+# SideConfig keys that do not change what a side serves: where it runs, how it is reached or
+# checked, and which vLLM version it declares (the install itself is compared)
+NOT_SERVING_KEYS = frozenset({"gpus", "port", "url", "api_key", "proof", "vllm_version"})
 MIN_STAGE_ONE_BLOCKS = 4  # with workload.speed_resolution_pct
 GdnBackend = Literal["triton", "flashinfer", "cutedsl"]
 
@@ -128,6 +132,12 @@ class SideConfig(_Served):
     url: str | None = Field(None, description="attach to a server someone else started")
     port: int | None = Field(None, gt=0, lt=65536, description="default: a free port")
     api_key: SecretStr | None = Field(None, description="handed to vLLM as VLLM_API_KEY")
+
+    def serves_like(self, other: SideConfig) -> bool:
+        """The two would serve alike (same install, flags, kernel): every key but those that say
+        where a server runs and how it is reached or checked."""
+        served = [key for key in type(self).model_fields if key not in NOT_SERVING_KEYS]
+        return all(getattr(self, key) == getattr(other, key) for key in served)
 
     @field_validator("kernel")
     @classmethod
@@ -368,7 +378,7 @@ class Scenario(StrictModel):
         return self
 
     def side(self, name: str) -> SideConfig:
-        return getattr(self, name)
+        return {Side.REFERENCE: self.reference, Side.CANDIDATE: self.candidate}[Side(name)]
 
     def backend_of(self, side: str) -> GdnBackend:
         """The GDN prefill backend `side` asks vLLM for."""

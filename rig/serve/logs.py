@@ -21,18 +21,18 @@ ADVISORY_LOG_KINDS = frozenset({JIT_COMPILE})  # flagged in the report, no gate 
 
 @dataclass(frozen=True)
 class LogFault:
-    side: str
+    server: str  # the server label (`reference`, `candidate-1`): whose log showed it
     kind: str
     line: str
 
 
-def scan_log(side: str, text: str) -> list[LogFault]:
+def scan_log(server: str, text: str) -> list[LogFault]:
     """Faults in a slice of a server log (the slice written during one level)."""
     faults = []
     for line in text.splitlines():
         for kind, pattern in LOG_FAULTS.items():
             if pattern.search(line):
-                faults.append(LogFault(side=side, kind=kind, line=line.strip()[:300]))
+                faults.append(LogFault(server=server, kind=kind, line=line.strip()[:300]))
     return faults
 
 

@@ -4,6 +4,7 @@ declares, or anything with allow_version_skew) and what the servers report once 
 from __future__ import annotations
 
 from kernels.backends import UnsupportedVllmError, parse_vllm_version
+from rig.records import Side
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.installs import SideInstall
 
@@ -18,7 +19,7 @@ def install_skew(scenario: Scenario, installs: dict[str, SideInstall]) -> list[s
         if declared and install.facts.vllm and not install.facts.vllm.startswith(declared):
             found = install.facts.vllm
             problems.append(f"{side}.vllm_version {declared} is declared; its vLLM is {found}")
-    ref, cand = installs.get("reference"), installs.get("candidate")
+    ref, cand = installs.get(Side.REFERENCE), installs.get(Side.CANDIDATE)
     if ref is None or cand is None or not (ref.facts.probed and cand.facts.probed):
         return problems
     if scenario.allow_version_skew:
@@ -46,7 +47,7 @@ def served_skew(scenario: Scenario, versions: dict[str, str]) -> str | None:
     """Another vLLM release on the two sides, by what their servers say, that the scenario
     neither declares nor allows: what preflight could not see for a container or an attached
     server. None when the versions agree, are declared, or one is unknown."""
-    ref, cand = versions.get("reference"), versions.get("candidate")
+    ref, cand = versions.get(Side.REFERENCE), versions.get(Side.CANDIDATE)
     if ref is None or cand is None or scenario.allow_version_skew:
         return None
     if all(scenario.side(side).vllm_version for side in SIDES):

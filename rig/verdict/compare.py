@@ -21,6 +21,7 @@ from typing import Literal
 from rig.records import (
     CompletionKey,
     RequestRecord,
+    Side,
     TokenLogprob,
     error_kind,
     is_transport_error,
@@ -280,14 +281,15 @@ def pair_pathologies(
         candidate, max_tokens, replayed_positions(replayed, candidate.side, reference)
     )
     ref_kinds = {kind for kind, _ in ref_found}
-    found = [Pathology("reference", kind, detail, False) for kind, detail in ref_found]
+    found = [Pathology(Side.REFERENCE, kind, detail, False) for kind, detail in ref_found]
     found += [
-        Pathology("candidate", kind, detail, kind not in ref_kinds) for kind, detail in cand_found
+        Pathology(Side.CANDIDATE, kind, detail, kind not in ref_kinds)
+        for kind, detail in cand_found
     ]
     both_answered = candidate.error is None and reference.error is None
     if both_answered and candidate.finish_reason == "length" and reference.finish_reason == "stop":
         found.append(
-            Pathology("candidate", "length_runaway", "hit max_tokens; reference stopped", True)
+            Pathology(Side.CANDIDATE, "length_runaway", "hit max_tokens; reference stopped", True)
         )
     return tuple(found)
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 from kernels.backends import CPU_NATIVE, reference_kernel_name
 from kernels.proof import InitialStateCounts
-from rig.records import ExitCode
+from rig.records import ExitCode, Side
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
@@ -133,7 +133,7 @@ def count(
 
 
 def _kernel_gate(kernels: dict[str, SideKernel], requested: str | None, is_aa: bool) -> Gate:
-    ref, cand = kernels.get("reference"), kernels.get("candidate")
+    ref, cand = kernels.get(Side.REFERENCE), kernels.get(Side.CANDIDATE)
     if ref is None or cand is None:
         return Gate(
             "candidate kernel active",
@@ -197,7 +197,7 @@ def _reference_backend_gate(kernels: dict[str, SideKernel], backend: str, is_aa:
     an H200, vLLM's own default is FlashInfer, and a fallback would silently change the
     yardstick."""
     wanted = reference_kernel_name(backend)
-    sides = ("reference", "candidate") if is_aa else ("reference",)
+    sides = (Side.REFERENCE, Side.CANDIDATE) if is_aa else (Side.REFERENCE,)
     ran = {side: kernels[side].kernel for side in sides if side in kernels}
     wrong = {side: k for side, k in ran.items() if k not in (wanted, CPU_REFERENCE)}
     seen = ", ".join(f"{side} ran {kernel}" for side, kernel in ran.items()) or "no proof"

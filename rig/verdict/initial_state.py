@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rig.records import RequestRecord
+from rig.records import RequestRecord, Side
 from rig.scenario.config import SIDES
 from rig.verdict.gates import Gate, GateKind, SideKernel
 
@@ -79,7 +79,7 @@ def chunked_prefill(records: list[RequestRecord], budget: int | None) -> Chunked
         return None
     tokens: dict[str, int] = {}
     for record in records:
-        if record.side == "reference" and record.prompt_tokens:
+        if record.side == Side.REFERENCE and record.prompt_tokens:
             tokens.setdefault(record.prompt_id, record.prompt_tokens)
     prompts = sorted(
         (PromptChunks(pid, n, math.ceil(n / budget)) for pid, n in tokens.items()),

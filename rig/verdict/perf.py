@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from rig.records import RequestRecord, ServerDelta, duration_s
+from rig.records import RequestRecord, ServerDelta, Side, duration_s
 from rig.verdict.intervals import (
     LogEstimate,
     SumRatio,
@@ -156,14 +156,14 @@ def paired_levels(
 ) -> dict[int, LevelBlocks]:
     """Per level, the (level, repeat) blocks both sides ran, as arrays of one size."""
     groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
-    for side, records in (("reference", reference), ("candidate", candidate)):
+    for side, records in ((Side.REFERENCE, reference), (Side.CANDIDATE, candidate)):
         for r in records:
             if not r.warmup and not r.cancelled:
                 groups.setdefault((side, r.level, r.repeat), []).append(r)
     levels: dict[int, LevelBlocks] = {}
     for (side, level, repeat), ref_records in sorted(groups.items()):
-        cand_records = groups.get(("candidate", level, repeat))
-        if side != "reference" or cand_records is None:
+        cand_records = groups.get((Side.CANDIDATE, level, repeat))
+        if side != Side.REFERENCE or cand_records is None:
             continue
         blocks = levels.setdefault(level, LevelBlocks(level))
         if (level, repeat) in excluded:
@@ -371,8 +371,8 @@ def perf_frame(
     block, so a ratio with no interval). With a planted delay, what it planted (add_planted)."""
     records = list(records)
     finished = [r for r in records if not r.cancelled]
-    reference = [r for r in finished if r.side == "reference"]
-    candidate = [r for r in finished if r.side == "candidate"]
+    reference = [r for r in finished if r.side == Side.REFERENCE]
+    candidate = [r for r in finished if r.side == Side.CANDIDATE]
     frame = compare_levels(reference, candidate, confidence=confidence, timing=timing)
     frame = add_server_metrics(frame, list(deltas), CANDIDATE, timing, confidence)
     if planted is not None and not frame.empty:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rig.records import RequestRecord
+from rig.records import RequestRecord, Side
 
 CANDIDATE = "candidate/reference"
 PLANTED_METRICS = ("mean_ttft_ms", "mean_e2el_ms")  # grow by the same time per request
@@ -48,7 +48,9 @@ def add_planted(
             rep for (lvl, rep) in planted.calls if lvl == level and (lvl, rep) not in excluded
         )
         requests = sum(
-            1 for r in timed if r.side == "candidate" and r.level == level and r.repeat in repeats
+            1
+            for r in timed
+            if r.side == Side.CANDIDATE and r.level == level and r.repeat in repeats
         )
         if not requests:
             continue
@@ -77,7 +79,9 @@ def _reference_mean(
         values = [
             getattr(r, field_name)
             for r in records
-            if r.side == "reference" and (r.level, r.repeat) == (level, repeat) and r.error is None
+            if r.side == Side.REFERENCE
+            and (r.level, r.repeat) == (level, repeat)
+            and r.error is None
         ]
         if values:
             means.append(1000 * float(np.mean(values)))

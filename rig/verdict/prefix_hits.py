@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rig.records import RequestRecord
+from rig.records import RequestRecord, Side
 from rig.verdict.gates import Gate, GateKind
 
 PREFIX_GATE = "prefix-cache hits"
@@ -96,13 +96,15 @@ def hits_by_turn(records: list[RequestRecord]) -> list[TurnHits]:
     for record in records:
         if record.turn is None or record.warmup or record.error is not None:
             continue
-        row = rows.setdefault(record.turn, dict.fromkeys(("n", "p", "reference", "candidate"), 0))
-        if record.side in ("reference", "candidate"):
+        row = rows.setdefault(
+            record.turn, dict.fromkeys(("n", "p", Side.REFERENCE, Side.CANDIDATE), 0)
+        )
+        if record.side in (Side.REFERENCE, Side.CANDIDATE):
             row[record.side] += record.cached_tokens or 0
-        if record.side == "reference":
+        if record.side == Side.REFERENCE:
             row["n"] += 1
             row["p"] += record.prompt_tokens or 0
     return [
-        TurnHits(turn, row["n"], row["p"], row["reference"], row["candidate"])
+        TurnHits(turn, row["n"], row["p"], row[Side.REFERENCE], row[Side.CANDIDATE])
         for turn, row in sorted(rows.items())
     ]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from rig.records import ServerDelta, side_of
+from rig.records import ServerDelta, Side, side_of
 from rig.verdict.intervals import TimingDesign, block_estimate
 
 NOT_JUDGED = "not judged"
@@ -68,10 +68,10 @@ def add_server_metrics(
         if row["comparison"] != comparison:
             continue
         blocks = side_blocks(deltas, int(row["level"]), timing.excluded)
-        both = [b for b in blocks.values() if "reference" in b and "candidate" in b]
+        both = [b for b in blocks.values() if Side.REFERENCE in b and Side.CANDIDATE in b]
         for metric, value in SERVER_METRICS.items():
-            ref = np.array([value(b["reference"]) for b in both])
-            cand = np.array([value(b["candidate"]) for b in both])
+            ref = np.array([value(b[Side.REFERENCE]) for b in both])
+            cand = np.array([value(b[Side.CANDIDATE]) for b in both])
             if not np.isfinite(ref).any() or not np.isfinite(cand).any():
                 continue
             frame.loc[index, f"{metric}_reference"] = float(np.nanmean(ref))

@@ -233,3 +233,25 @@ def test_require_initial_state_is_a_bool_and_needs_both_sides_proof(tmp_path):
     assert "needs both sides' kernel proof: reference.proof: none" in error_of(
         write(tmp_path, refused)
     )
+
+
+def test_sides_serve_alike_unless_what_they_serve_differs():
+    """Where a side runs and how it is reached do not make it serve differently; every other
+    key does, a key added later included."""
+    from rig.records import Side
+    from rig.scenario.config import SideConfig
+
+    base = SideConfig()
+    for where in ({"gpus": [1]}, {"port": 8123}, {"proof": "none"}, {"vllm_version": "0.26.0"}):
+        assert base.serves_like(SideConfig(**where)), where
+    for served in ({"kernel": "ns4"}, {"env": {"X": "1"}}, {"serve_args": ["--seed", "1"]}):
+        assert not base.serves_like(SideConfig(**served)), served
+    workload = {"prompts": [{"long_tokens": [100]}], "concurrency": [1]}
+    scenario = Scenario.model_validate(
+        {"name": "t", "workload": workload, "candidate": {"kernel": "ns4"}}
+    )
+    assert (
+        scenario.side(Side.CANDIDATE).kernel == "ns4" and scenario.side("reference").kernel is None
+    )
+    with pytest.raises(ValueError):
+        scenario.side("reference-1")
