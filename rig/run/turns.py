@@ -59,7 +59,6 @@ def run_turns(
             answers = answers_by_conversation(reference.records, Side.REFERENCE, level, repeat)
         jobs = []
         for target in targets.values():
-            own = answers_by_conversation(sent, target.side, level, repeat)
             replicas = len(ctx.plan.side_servers(target.side))
             shards = shard(len(conversations), replicas, level)
             if target.replica >= len(shards):
@@ -68,7 +67,9 @@ def run_turns(
             specs = turn_requests(
                 ctx.scenario.workload,
                 conversations,
-                answers if answers is not None else own,
+                answers
+                if answers is not None
+                else answers_by_conversation(sent, target.side, level, repeat),
                 turn=turn,
                 positions=positions,
                 level=level,

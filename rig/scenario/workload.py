@@ -80,23 +80,9 @@ def level_requests(
     specs = []
     for index in range(total):
         prompt = prompts[index % len(prompts)]
-        request_id = f"{tag}c{level}-r{repeat}-{index:04d}"
-        specs.append(
-            RequestSpec(
-                request_id=request_id,
-                prompt_id=prompt.id,
-                level=level,
-                repeat=repeat,
-                index=index,
-                endpoint=workload.endpoint,
-                prompt=prompt.text if workload.endpoint == "completions" else None,
-                messages=(
-                    tuple(prompt.messages_as_dicts()) if workload.endpoint == "chat" else None
-                ),
-                cache_salt=cache_salt(run_id, side, request_id),
-                sampling=sampling,
-            )
-        )
+        request_id = f"{_block(tag, level, repeat)}-{index:04d}"
+        salt = cache_salt(run_id, side, request_id)
+        specs.append(_spec(workload, prompt, request_id, level, repeat, index, salt, sampling))
     return specs
 
 
@@ -126,25 +112,47 @@ def turn_requests(
             continue
         prompt = conversation.prompt(turn, answers.get(conversation.id, []))
         index = offsets[position] + turn
+        block = _block(tag, level, repeat)
+        salt = cache_salt(run_id, side, f"{block}-{conversation.id}")
+        request_id = f"{block}-{index:04d}"
+        turn_fields = {"conversation_id": conversation.id, "turn": turn}
         specs.append(
-            RequestSpec(
-                request_id=f"{tag}c{level}-r{repeat}-{index:04d}",
-                prompt_id=prompt.id,
-                level=level,
-                repeat=repeat,
-                index=index,
-                endpoint=workload.endpoint,
-                prompt=prompt.text if workload.endpoint == "completions" else None,
-                messages=(
-                    tuple(prompt.messages_as_dicts()) if workload.endpoint == "chat" else None
-                ),
-                cache_salt=cache_salt(run_id, side, f"{tag}c{level}-r{repeat}-{conversation.id}"),
-                sampling=sampling,
-                conversation_id=conversation.id,
-                turn=turn,
-            )
+            _spec(workload, prompt, request_id, level, repeat, index, salt, sampling, **turn_fields)
         )
     return specs
+
+
+def _block(tag: str, level: int, repeat: int) -> str:
+    """The start of every request id of one block (and of a conversation's salt key)."""
+    return f"{tag}c{level}-r{repeat}"
+
+
+def _spec(
+    workload: WorkloadConfig,
+    prompt: Prompt,
+    request_id: str,
+    level: int,
+    repeat: int,
+    index: int,
+    salt: str,
+    sampling: SamplingParams,
+    **turn,
+) -> RequestSpec:
+    """One request of a level, the prompt sent as the workload's endpoint wants it."""
+    chat = workload.endpoint == "chat"
+    return RequestSpec(
+        request_id=request_id,
+        prompt_id=prompt.id,
+        level=level,
+        repeat=repeat,
+        index=index,
+        endpoint=workload.endpoint,
+        prompt=None if chat else prompt.text,
+        messages=tuple(prompt.messages_as_dicts()) if chat else None,
+        cache_salt=salt,
+        sampling=sampling,
+        **turn,
+    )
 
 
 def _turn_offsets(conversations: list[Conversation]) -> list[int]:

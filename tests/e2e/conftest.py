@@ -42,6 +42,14 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def lm_model() -> str:
+    """tiny-lm, trained on first use: the model of lm-control.yaml and initial-state.yaml."""
+    from rig.models.tiny_lm import ensure_tiny_lm
+
+    return str(ensure_tiny_lm().resolve())
+
+
+@pytest.fixture(scope="session")
 def golden_cache(tmp_path_factory) -> Path:
     """One golden cache for the session: after the first run only the candidate's server
     starts (as for a user's second iteration)."""

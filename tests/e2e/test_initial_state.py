@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from rig.models.tiny_lm import ensure_tiny_lm
-
 from .conftest import RigRun
 
 SCENARIO = "scenarios/initial-state.yaml"
 DROP = "ns4+drop-state"
-
-
-@pytest.fixture(scope="module")
-def lm_model() -> str:
-    return str(ensure_tiny_lm().resolve())
 
 
 @pytest.fixture(scope="module")

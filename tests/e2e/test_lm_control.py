@@ -15,18 +15,13 @@ import sys
 import pytest
 
 from rig.load.replay_records import REPLAY_FILE, read_replay
-from rig.models.tiny_lm import REGIME_LAYER, ensure_tiny_lm
+from rig.models.tiny_lm import REGIME_LAYER
 from rig.records import REQUESTS_FILE, RequestRecord
 from rig.scenario.config import SIDES
 
 from .conftest import REPO, RUN_TIMEOUT_S, RigRun, rig_processes
 
 SCENARIO = "scenarios/lm-control.yaml"
-
-
-@pytest.fixture(scope="module")
-def lm_model() -> str:
-    return str(ensure_tiny_lm().resolve())
 
 
 @pytest.fixture(scope="module")
