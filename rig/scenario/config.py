@@ -19,7 +19,11 @@ from pydantic import (
 )
 
 from rig.records import Side
-from rig.scenario.conversations import ConversationSource, source_problem
+from rig.scenario.conversations import (
+    ConversationSource,
+    source_problem,
+    step_budget_problem,
+)
 from rig.scenario.gates_config import GatesConfig
 from rig.scenario.prompt_sets import PROMPT_SETS
 from rig.scenario.strict import StrictModel
@@ -363,7 +367,10 @@ class Scenario(StrictModel):
     @model_validator(mode="after")
     def _requests_sourced(self) -> Scenario:
         floor = self.gates.min_prefix_cache_hits
-        if problem := source_problem(self.workload, floor, self.control.aa):
+        problem = source_problem(self.workload, floor, self.control.aa) or step_budget_problem(
+            self.workload, self.model
+        )
+        if problem:
             raise ValueError(problem)
         return self
 

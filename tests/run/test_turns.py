@@ -28,6 +28,7 @@ def context(tmp_path, concurrency=2):
         workload={"conversations": {"path": str(talks)}, "concurrency": [concurrency]},
         gates={"min_prefix_cache_hits": 1},
         candidate={"kernel": "ns4"},
+        model={"max_model_len": 1024, "max_num_batched_tokens": 1024 * concurrency},
     )
     return replace(ctx, conversations=tuple(resolve_conversations(ctx.scenario.workload)))
 

@@ -99,7 +99,11 @@ def test_duplicate_ids_missing_files_and_limit(tmp_path):
     assert len(load_conversations(ConversationSource(path=SHIPPED, limit=2))) == 2
 
 
+BUDGET = {"max_model_len": 4096, "max_num_batched_tokens": 8192}  # C=2 x max_model_len
+
+
 def scenario(workload: dict, gates: dict | None = None, **more) -> Scenario:
+    more.setdefault("model", BUDGET)
     return Scenario.model_validate(
         {"name": "t", "workload": {"concurrency": [1], **workload}, "gates": gates or {}, **more}
     )
@@ -128,6 +132,13 @@ TALKS = {"conversations": {"path": str(SHIPPED)}}
         ),
         (TALKS, {"min_prefix_cache_hits": 5}, {"control": {"aa": True}}, "control.aa"),
         ({**TALKS, "warmup_requests": 2}, {"min_prefix_cache_hits": 5}, {}, "every turn"),
+        (TALKS, {"min_prefix_cache_hits": 5}, {"model": {}}, "max_num_batched_tokens"),
+        (
+            {**TALKS, "concurrency": [1, 4]},
+            {"min_prefix_cache_hits": 5},
+            {},
+            r">= 4 x max_model_len \(4 conversations in flight\)",
+        ),
     ],
 )
 def test_scenario_keys_that_do_not_go_together_are_refused(workload, gates, more, problem):
@@ -138,3 +149,9 @@ def test_scenario_keys_that_do_not_go_together_are_refused(workload, gates, more
 def test_conversations_with_a_floor_validate():
     run = scenario(TALKS, {"min_prefix_cache_hits": 5})
     assert run.workload.conversations.path == SHIPPED and run.workload.prompts == []
+
+
+def test_the_step_budget_counts_only_the_conversations_that_can_be_in_flight():
+    """C=16 over a limit of 2 conversations has 2 in flight: 2 x max_model_len is enough."""
+    talks = {"conversations": {"path": str(SHIPPED), "limit": 2}, "concurrency": [16]}
+    assert scenario(talks, {"min_prefix_cache_hits": 5}).workload.conversations.limit == 2
