@@ -15,11 +15,10 @@ ratio, and the reference/candidate ratios of both: the kernel ratio next to the 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import statistics
 import sys
 import time
-import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kernels.proof import read_stats  # noqa: E402
+from rig.load.http_client import ConnectionPool  # noqa: E402
+from rig.load.request import send_request  # noqa: E402
+from rig.records import RequestSpec, SamplingParams, ServerTarget  # noqa: E402
 from rig.scenario.config import SIDES  # noqa: E402
 from rig.scenario.loader import load_scenario  # noqa: E402
 from rig.scenario.long_prompts import build_long_prompt  # noqa: E402
@@ -56,36 +58,40 @@ def gdn_totals(stats_dir: Path) -> tuple[float, int]:
     return sum(s.seconds for s in stats), sum(s.calls for s in stats)
 
 
-def complete(base_url: str, model: str, prompt: str) -> int:
-    """One non-streamed completion of one token; returns the prompt's token count."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": 1,
-        "temperature": 0,
-        "cache_salt": f"gdn-share-{uuid.uuid4().hex}",
-    }
-    request = urllib.request.Request(
-        f"{base_url}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+def complete(pool: ConnectionPool, target: ServerTarget, prompt: str) -> int:
+    """One greedy completion of one token through the rig's own load client (the same bytes
+    a run sends); returns the prompt's token count."""
+    spec = RequestSpec(
+        request_id=f"gdn-share-{uuid.uuid4().hex}",
+        prompt_id="gdn-share",
+        level=1,
+        repeat=0,
+        index=0,
+        endpoint="completions",
+        prompt=prompt,
+        messages=None,
+        cache_salt=f"gdn-share-{uuid.uuid4().hex}",
+        sampling=SamplingParams(max_tokens=1),
     )
-    with urllib.request.urlopen(request, timeout=600) as response:
-        return json.loads(response.read())["usage"]["prompt_tokens"]
+    record = asyncio.run(send_request(pool, target, spec, timeout_s=600))
+    if record.error is not None or record.prompt_tokens is None:
+        raise RuntimeError(f"{target.base_url}: {record.error}")
+    return record.prompt_tokens
 
 
 def measure_side(plan, tokens: list[int], repeats: int, timeout_s: float) -> list[Sample]:
     samples = []
     with ServerSet([plan], timeout_s) as servers:
-        server = servers[plan.label]
+        server = servers[plan.label].target()
+        pool = ConnectionPool(server.base_url)
         prompts = {t: build_long_prompt(t, seed=0).text for t in tokens}
         for text in prompts.values():  # untimed: compilation and autotuning
-            complete(server.base_url, plan.served_model, text)
+            complete(pool, server, text)
         for _ in range(repeats):
             for target, text in prompts.items():
                 seconds, calls = gdn_totals(plan.stats_dir)
                 started = time.perf_counter()
-                prompt_tokens = complete(server.base_url, plan.served_model, text)
+                prompt_tokens = complete(pool, server, text)
                 latency = time.perf_counter() - started
                 after_seconds, after_calls = gdn_totals(plan.stats_dir)
                 samples.append(
