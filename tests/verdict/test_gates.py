@@ -8,14 +8,8 @@ from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import Divergence, PairResult, Pathology
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import Gate, GateKind, SideKernel, VerdictWord, count, decide, verdict_word
-from rig.verdict.perf_records import (
-    NOISE,
-    Comparison,
-    LevelComparison,
-    Metric,
-    MetricComparison,
-    PerfResult,
-)
+from rig.verdict.perf_records import Comparison, Metric, PerfResult
+from tests.perf_builders import changed, perf_level
 
 KERNELS = {
     "reference": SideKernel("reference", "fla", 12),
@@ -345,17 +339,10 @@ def test_no_floor_gate_without_its_factor_or_without_a_floor():
     assert FLOOR_GATE not in gate_names(no_floor)
 
 
-def perf_level(
-    level: int,
-    changes: dict[Metric, tuple[float, float, float]],
-    comparison: Comparison = Comparison.CANDIDATE,
-) -> LevelComparison:
+def changes(level: int, points: dict, comparison=Comparison.CANDIDATE):
     """A level whose metrics changed by (point, low, high) percent."""
-    metrics = tuple(
-        MetricComparison(level, m, 1 + point / 100, (1 + low / 100, 1 + high / 100), NOISE)
-        for m, (point, low, high) in changes.items()
-    )
-    return LevelComparison(comparison, level, "block", 2, 0, 10, 0, metrics)
+    metrics = [changed(level, m, point, (low, high)) for m, (point, low, high) in points.items()]
+    return perf_level(level, *metrics, comparison=comparison)
 
 
 def test_performance_gate_compares_the_interval_not_the_point():
@@ -363,10 +350,8 @@ def test_performance_gate_compares_the_interval_not_the_point():
     the allowed regression fails. Throughput is oriented the other way."""
     deltas = PerfResult(
         (
-            perf_level(
-                1, {Metric.MEAN_TTFT: (1.0, -1.0, 2.0), Metric.OUTPUT_THROUGHPUT: (0, -1, 1)}
-            ),
-            perf_level(4, {Metric.MEAN_TTFT: (8, 3, 13), Metric.OUTPUT_THROUGHPUT: (-9, -12, -6)}),
+            changes(1, {Metric.MEAN_TTFT: (1, -1, 2), Metric.OUTPUT_THROUGHPUT: (0, -1, 1)}),
+            changes(4, {Metric.MEAN_TTFT: (8, 3, 13), Metric.OUTPUT_THROUGHPUT: (-9, -12, -6)}),
         )
     )
     failing = verdict(identical(1), perf=deltas, gates=GatesConfig(max_perf_regression_pct=5))
@@ -461,8 +446,8 @@ def test_the_word_follows_the_kind_of_the_failed_gate_not_its_name():
 def test_performance_gate_reads_only_the_candidate_rows():
     deltas = PerfResult(
         (
-            perf_level(4, {Metric.MEAN_TTFT: (0.0, -1.0, 1.0)}),
-            perf_level(4, {Metric.MEAN_TTFT: (50.0, 40.0, 60.0)}, Comparison.AA),
+            changes(4, {Metric.MEAN_TTFT: (0.0, -1.0, 1.0)}),
+            changes(4, {Metric.MEAN_TTFT: (50.0, 40.0, 60.0)}, Comparison.AA),
         )
     )
     result = verdict(identical(1), perf=deltas, gates=GatesConfig(max_perf_regression_pct=5))
