@@ -42,21 +42,39 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rig.records import REQUESTS_FILE, ServerDelta, read_records  # noqa: E402
-from rig.report.markdown import delta_md  # noqa: E402
+from rig.report.files import perf_table  # noqa: E402
 from rig.run.state import SERVER_COUNTERS_FILE, read_jsonl  # noqa: E402
 from rig.verdict.intervals import TimingDesign  # noqa: E402
-from rig.verdict.perf import (  # noqa: E402
+from rig.verdict.perf import perf_result  # noqa: E402
+from rig.verdict.perf_records import (  # noqa: E402
+    CLIENT_METRICS,
+    HEADLINE_METRICS,
     NOISE,
     PAIR,
-    PERF_METRICS,
     SLOWER,
-    candidate_rows,
-    perf_frame,  # noqa: E402
+    Comparison,
+    Metric,
 )
-from rig.verdict.speed import HEADLINE_METRICS  # noqa: E402
 
 SCENARIO = "scenarios/perf-control.yaml"
 COMPARISONS = ("aa", "planted", "ns4")
+
+
+def _candidate_rows(perf: pd.DataFrame) -> pd.DataFrame:
+    """perf.csv's candidate-vs-reference rows (not the A/A floor's)."""
+    if perf.empty or "comparison" not in perf.columns:
+        return perf
+    return perf[perf["comparison"] == Comparison.CANDIDATE]
+
+
+def _delta_text(row: pd.Series, metric: str) -> str:
+    """A perf.csv row's change, interval and word for `metric`, as summary.md writes them."""
+    value = row.get(f"{metric}_change_pct")
+    if value is None or pd.isna(value):
+        return "—"
+    low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
+    interval = "" if pd.isna(low) or pd.isna(high) else f" [{low:+.1f}, {high:+.1f}]"
+    return f"{value:+.1f} %{interval} {row.get(f'{metric}_word', '')}".rstrip()
 
 
 @dataclass(frozen=True)
@@ -80,7 +98,7 @@ class ControlRun:
         path = self.run_dir / "perf.csv"
         if not path.exists() or path.stat().st_size == 0:  # a run that compared nothing
             return pd.DataFrame()
-        return candidate_rows(pd.read_csv(path))
+        return _candidate_rows(pd.read_csv(path))
 
     def manifest(self) -> dict:
         path = self.run_dir / "manifest.json"
@@ -104,7 +122,8 @@ class ControlRun:
         if not path.exists():
             return pd.DataFrame()
         records = read_records(path)
-        return candidate_rows(perf_frame(records, confidence=confidence, timing=self.timing()))
+        perf = perf_result(records, confidence=confidence, timing=self.timing())
+        return _candidate_rows(perf_table(perf))
 
     def workload(self) -> dict:
         """The run's resolved workload keys (scenario.resolved.json)."""
@@ -181,7 +200,7 @@ def run_one(name: str, kernel: str | None, args: argparse.Namespace, folder: Pat
 
 def per_metric_confidence(family_confidence: float, levels: int = 1) -> float:
     """Bonferroni: each of the metrics at each level keeps the family's error rate."""
-    return 1 - (1 - family_confidence) / (len(PERF_METRICS) * max(levels, 1))
+    return 1 - (1 - family_confidence) / (len(CLIENT_METRICS) * max(levels, 1))
 
 
 def aa_checks(run: ControlRun, family_confidence: float) -> list[tuple[bool, str]]:
@@ -191,12 +210,12 @@ def aa_checks(run: ControlRun, family_confidence: float) -> list[tuple[bool, str
     levels = int(reported["level"].nunique()) if not reported.empty else 1
     each = per_metric_confidence(family_confidence, levels)
     family = run.perf_at(each)
-    off = [text for text in (_off_noise(family, m) for m in PERF_METRICS) if text]
+    off = [text for text in (_off_noise(family, m) for m in CLIENT_METRICS) if text]
     where = f"at family-wise {family_confidence:.0%} (each interval at {each:.2%})"
     results = [
         (
             not family.empty and not off,
-            f"A/A: `within noise` on all {len(PERF_METRICS)} metrics {where}"
+            f"A/A: `within noise` on all {len(CLIENT_METRICS)} metrics {where}"
             if not family.empty and not off
             else f"A/A: not `within noise` {where} on {', '.join(off)}",
         )
@@ -234,7 +253,7 @@ def planted_checks(run: ControlRun) -> list[tuple[bool, str]]:
         results.append(
             (
                 slower and inside,
-                f"planted: TTFT {delta_md(row, 'mean_ttft_ms')}, planted "
+                f"planted: TTFT {_delta_text(row, Metric.MEAN_TTFT)}, planted "
                 f"{row['mean_ttft_ms_planted_pct']:+.1f} % "
                 f"{'inside' if inside else 'outside'} the interval",
             )
@@ -320,12 +339,17 @@ def render_summary(
     levels = sorted({int(level) for frame in frames.values() for level in frame.get("level", [])})
     header = "| metric | C | " + " | ".join(run.label for run in runs.values()) + " |"
     lines += [header, "|---|---:|" + "---|" * len(runs)]
-    for metric in (*PERF_METRICS, "gdn_ms_per_call", "server_prefill_ms", "server_decode_ms"):
+    for metric in (
+        *CLIENT_METRICS,
+        Metric.GDN_MS_PER_CALL,
+        Metric.SERVER_PREFILL,
+        Metric.SERVER_DECODE,
+    ):
         for level in levels:
             cells = []
             for frame in frames.values():
                 rows = frame[frame["level"] == level] if not frame.empty else frame
-                cells.append(delta_md(rows.iloc[0], metric) if not rows.empty else "(no result)")
+                cells.append(_delta_text(rows.iloc[0], metric) if not rows.empty else "(no result)")
             lines.append(f"| {metric} | {level} | " + " | ".join(cells) + " |")
     lines += ["", "Blocks per level (unit; left out for a JIT compilation):", ""]
     for name, frame in frames.items():
@@ -351,7 +375,7 @@ def render_summary(
             prediction = gdn_prediction(row, runs["ns4"])
             if prediction:
                 lines += ["", f"ns4 at C={int(row['level'])}: {prediction}; measured TTFT "
-                          f"{delta_md(row, 'mean_ttft_ms')}."]  # fmt: skip
+                          f"{_delta_text(row, Metric.MEAN_TTFT)}."]  # fmt: skip
     lines += ["", "Speed lines:", ""]
     for name, run in runs.items():
         lines.append(f"- {name}: {run.manifest().get('speed', '(no report)')}")

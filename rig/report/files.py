@@ -10,6 +10,7 @@ The verdict comes first everywhere; the evidence follows.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import xml.etree.ElementTree as ET
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from rig.records import Side
 from rig.report.html import render_html
 from rig.report.markdown import render_markdown
 from rig.report.mismatches import Decode
@@ -26,7 +26,7 @@ from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.metrics import bench_results
 from rig.verdict.outcome import RunOutcome
-from rig.verdict.perf import candidate_rows
+from rig.verdict.perf_records import MetricComparison, PerfResult, PlantedShare
 from rig.verdict.speed import speed_headline
 
 REPORT_FILES = (
@@ -42,8 +42,8 @@ REPORT_FILES = (
 )
 
 
-def seeds_table(summary: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
-    """Per level and side: requests ok, matches, mean TTFT, mean latency, throughput, deltas."""
+def seeds_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per level and side: requests ok, matches, mean TTFT, mean latency, throughput."""
     if summary.empty:
         return pd.DataFrame()
     means = summary.groupby(["level", "side"], sort=True).agg(
@@ -56,14 +56,66 @@ def seeds_table(summary: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
     )
     if "matches" in summary.columns:
         means["matches"] = summary.groupby(["level", "side"])["matches"].sum(min_count=1)
-    table = means.reset_index()
-    if not deltas.empty:
-        suffixes = ("_change_pct", "_ci_low_pct", "_ci_high_pct", "_word")
-        keep = ["level"] + [c for c in deltas.columns if c.endswith(suffixes)]
-        table = table.merge(candidate_rows(deltas)[keep], on="level", how="left")
-        reference_rows = table["side"] != Side.CANDIDATE
-        table.loc[reference_rows, [c for c in keep if c != "level"]] = None
-    return table
+    return means.reset_index()
+
+
+def _metric_columns(compared: MetricComparison) -> dict[str, object]:
+    """One metric's perf.csv columns: each side's mean (a server metric), the ratio and its
+    interval, the same as percent change, and the word."""
+    stem = compared.metric.value
+    low, high = compared.interval or (math.nan, math.nan)
+    low_pct, high_pct = compared.interval_pct or (math.nan, math.nan)
+    sides = (
+        {f"{stem}_reference": compared.reference, f"{stem}_candidate": compared.candidate}
+        if compared.metric.server_side
+        else {}
+    )
+    return sides | {
+        f"{stem}_ratio": compared.ratio,
+        f"{stem}_ci_low": low,
+        f"{stem}_ci_high": high,
+        f"{stem}_change_pct": compared.change_pct,
+        f"{stem}_ci_low_pct": low_pct,
+        f"{stem}_ci_high_pct": high_pct,
+        f"{stem}_word": compared.word,
+    }
+
+
+def _planted_columns(planted: PlantedShare) -> dict[str, object]:
+    columns: dict[str, object] = {
+        "planted_delay_ms": planted.delay_ms,
+        "planted_ms_per_request": planted.ms_per_request,
+        "planted_calls_per_request": planted.calls_per_request,
+    }
+    for change in planted.changes:
+        columns[f"{change.metric.value}_planted_pct"] = change.planted_pct
+        columns[f"{change.metric.value}_planted_inside_ci"] = change.inside_interval
+    return columns
+
+
+def perf_table(perf: PerfResult) -> pd.DataFrame:
+    """perf.csv, rendered from the typed records: one row per level and comparison, per metric
+    `<m>_ratio` (candidate / reference), its interval `<m>_ci_low` / `<m>_ci_high`, the same
+    as percent change (`<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and `<m>_word`;
+    a server metric also each side's mean (`<m>_reference`, `<m>_candidate`); a planted
+    slowdown what it planted."""
+    rows = []
+    for level in perf.levels:
+        row: dict[str, object] = {
+            "comparison": level.comparison.value,
+            "level": level.level,
+            "unit": level.unit,
+            "repeats": level.repeats,
+            "excluded_blocks": level.excluded_blocks,
+            "requests": level.requests,
+            "unequal_pairs": level.unequal_pairs,
+        }
+        for compared in level.metrics:
+            row |= _metric_columns(compared)
+        if level.planted is not None:
+            row |= _planted_columns(level.planted)
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def render_junit(outcome: RunOutcome) -> bytes:
@@ -137,14 +189,15 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     places tokens in report.html; without it the page shows token ids."""
     out = outcome.run_dir
     out.mkdir(parents=True, exist_ok=True)
-    requests, summary, deltas = outcome.requests, outcome.summary, outcome.perf
-    table = seeds_table(summary, deltas)
+    requests, summary = outcome.requests, outcome.summary
+    perf = outcome.perf if outcome.perf is not None else PerfResult()
+    table = seeds_table(summary)
     drift = drift_frame(outcome.drift)
     mismatches = pd.DataFrame([p.as_row() for p in outcome.pairs if not p.identical])
     paths = {name: out / name for name in REPORT_FILES}
     requests.to_csv(paths["requests.csv"], index=False)
     summary.to_csv(paths["summary.csv"], index=False)
-    deltas.to_csv(paths["perf.csv"], index=False)
+    perf_table(perf).to_csv(paths["perf.csv"], index=False)
     bench = out / "bench"
     bench.mkdir(exist_ok=True)
     for name, result in bench_results(outcome.records, summary, outcome.manifest).items():
@@ -154,7 +207,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     paths["summary.md"].write_text(
         render_markdown(outcome, table), encoding="utf-8", errors="backslashreplace"
     )
-    page = render_html(outcome, summary, deltas, decode)
+    page = render_html(outcome, summary, perf, decode)
     paths["report.html"].write_text(page, encoding="utf-8", errors="backslashreplace")
     paths["junit.xml"].write_bytes(render_junit(outcome))
     manifest = outcome.manifest.to_json()
@@ -168,7 +221,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
         },
         kernels={side: asdict(k) for side, k in outcome.kernels.items()},
         timings=outcome.timings,
-        speed=speed_headline(deltas, outcome.speed),
+        speed=speed_headline(perf, outcome.speed),
         error=outcome.error,
         exit_code=int(outcome.verdict.exit_code(outcome.error)),
     )

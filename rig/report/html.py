@@ -25,6 +25,7 @@ from rig.report.plots import drift_figure, margin_figure, side_margins
 from rig.report.prefix_hits import hits_html
 from rig.verdict.gates import VerdictWord
 from rig.verdict.initial_state import ChunkedPrefill
+from rig.verdict.perf_records import PerfResult
 from rig.verdict.prefix_hits import PREFIX_GATE
 from rig.verdict.speed import speed_headline
 
@@ -54,10 +55,10 @@ def navigation(outcome) -> str:
 
 def headline_texts(outcome) -> list[str]:
     """The speed line, the kind of comparison, the reference's source: under the word."""
-    deltas = outcome.perf if outcome.perf is not None else pd.DataFrame()
+    perf = outcome.perf if outcome.perf is not None else PerfResult()
     timing = f"timing: {outcome.load_schedule}" if outcome.load_schedule else ""
     texts = [
-        speed_headline(deltas, outcome.speed),
+        speed_headline(perf, outcome.speed),
         timing,
         outcome.comparison,
         outcome.reference_source,
@@ -320,7 +321,7 @@ def facts_section(outcome) -> str:
 
 
 def render_html(
-    outcome, summary: pd.DataFrame, deltas: pd.DataFrame, decode: Decode | None = None
+    outcome, summary: pd.DataFrame, perf: PerfResult, decode: Decode | None = None
 ) -> str:
     """The whole page; `decode` turns token ids into text to name and place tokens."""
     return "\n".join(
@@ -335,7 +336,7 @@ def render_html(
             navigation(outcome),
             verdict_section(outcome),
             mismatches_section(outcome, decode),
-            levels_section(outcome, summary, deltas),
+            levels_section(outcome, summary, perf),
             drift_section(outcome),
             floor_section(outcome),
             evidence_section(outcome),

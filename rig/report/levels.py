@@ -11,8 +11,14 @@ import pandas as pd
 from rig.records import RequestRecord, Side
 from rig.report.format import DASH, cell, esc, missing, number, table
 from rig.report.plots import curve_figure, level_figure
-from rig.verdict.perf import CANDIDATE
-from rig.verdict.speed import HEADLINE_METRICS
+from rig.verdict.perf_records import (
+    CLIENT_METRICS,
+    HEADLINE_METRICS,
+    SERVER_METRICS,
+    LevelComparison,
+    MetricComparison,
+    PerfResult,
+)
 
 # (column of summary.csv, header, unit) of the per-level table
 LEVEL_COLUMNS = (
@@ -25,25 +31,8 @@ LEVEL_COLUMNS = (
     ("output_throughput", "output", "tok/s"),
     ("total_token_throughput", "total", "tok/s"),
 )
-# (column stem of perf.csv, header) of the candidate-vs-reference table
-DELTA_COLUMNS = (
-    ("mean_ttft_ms", "TTFT mean"),
-    ("median_ttft_ms", "TTFT median"),
-    ("p99_ttft_ms", "TTFT p99"),
-    ("mean_tpot_ms", "TPOT mean"),
-    ("mean_itl_ms", "ITL mean"),
-    ("mean_e2el_ms", "E2EL mean"),
-    ("request_throughput", "requests/s"),
-    ("output_throughput", "output tok/s"),
-    ("total_token_throughput", "total tok/s"),
-)
 # The servers' own timings per block (rig/verdict/server_side.py): each side's mean, the change.
-SERVER_COLUMNS = (
-    ("gdn_ms_per_call", "GDN prefill per call"),
-    ("server_prefill_ms", "prefill per request"),
-    ("server_decode_ms", "decode per request"),
-    ("server_queue_ms", "queue per request"),
-)
+SERVER_COLUMNS = SERVER_METRICS
 
 
 def _spread(values: pd.Series) -> float | None:
@@ -75,70 +64,74 @@ def _level_row(level: int, side: str, group: pd.DataFrame) -> str:
     return cells
 
 
-def _interval(row: pd.Series, metric: str) -> str:
-    """The 95% interval of one change (`<metric>_ci_low_pct` / `_ci_high_pct`)."""
-    low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
-    if not missing(low) and not missing(high):
-        return f"[{low:+.1f}, {high:+.1f}]"
-    return ""
+def _interval(compared: MetricComparison) -> str:
+    """The 95% interval of one change, in percent."""
+    if compared.interval_pct is None:
+        return ""
+    low, high = compared.interval_pct
+    return f"[{low:+.1f}, {high:+.1f}]"
 
 
-def _delta_row(row: pd.Series) -> str:
-    level = int(row["level"])
-    cells = cell(level, level, "num") + cell(row.get("comparison", ""), cls="nowrap")
-    blocks = int(row.get("repeats", 1))
-    unit = f"<small>unit: {esc(row['unit'])}</small>" if not missing(row.get("unit")) else ""
-    left_out = row.get("excluded_blocks")
-    if not missing(left_out) and left_out:
-        unit += f"<small>{int(left_out)} left out (JIT)</small>"
-    cells += cell(f"{blocks}{unit}", blocks, "num", raw=True)
-    for metric, _ in DELTA_COLUMNS:
-        value = row.get(f"{metric}_change_pct")
-        word = str(row.get(f"{metric}_word", ""))
-        interval = _interval(row, metric)
-        text = esc(number(value, "%", 1) if missing(value) else f"{value:+.1f} %")
-        if interval:
-            text += f"<small>{esc(interval)}</small>"
-        if word and word != "n/a":  # a word may be a reason (not comparable: ...): it wraps
-            text += f'<small class="word">{esc(word)}</small>'
-        cells += cell(text, value, f"num delta-{re.sub(r'[^a-z]+', '-', word.lower())}", raw=True)
+def _delta_cell(compared: MetricComparison | None) -> str:
+    if compared is None:
+        return cell(DASH, None, "num")
+    value, word = compared.change_pct, compared.word
+    interval = _interval(compared)
+    text = esc(number(value, "%", 1) if missing(value) else f"{value:+.1f} %")
+    if interval:
+        text += f"<small>{esc(interval)}</small>"
+    if word and word != "n/a":  # a word may be a reason (not comparable: ...): it wraps
+        text += f'<small class="word">{esc(word)}</small>'
+    return cell(text, value, f"num delta-{re.sub(r'[^a-z]+', '-', word.lower())}", raw=True)
+
+
+def _delta_row(level: LevelComparison) -> str:
+    cells = cell(level.level, level.level, "num") + cell(level.comparison, cls="nowrap")
+    unit = f"<small>unit: {esc(level.unit)}</small>"
+    if level.excluded_blocks:
+        unit += f"<small>{level.excluded_blocks} left out (JIT)</small>"
+    cells += cell(f"{level.repeats}{unit}", level.repeats, "num", raw=True)
+    for metric in CLIENT_METRICS:
+        cells += _delta_cell(level.get(metric))
     return cells
 
 
-def delta_table(deltas: pd.DataFrame) -> str:
+def delta_table(levels: tuple[LevelComparison, ...]) -> str:
     """Candidate vs reference per level, each change with its 95% interval and its word."""
-    rows = [_delta_row(row) for _, row in deltas.iterrows()]
-    return table(["level", "compared", "blocks"] + [name for _, name in DELTA_COLUMNS], rows)
+    rows = [_delta_row(level) for level in levels]
+    return table(["level", "compared", "blocks"] + [m.label for m in CLIENT_METRICS], rows)
 
 
-def _server_row(row: pd.Series) -> str:
-    level = int(row["level"])
-    cells = cell(level, level, "num")
-    for metric, _ in SERVER_COLUMNS:
-        ref, cand = row.get(f"{metric}_reference"), row.get(f"{metric}_candidate")
-        value = row.get(f"{metric}_change_pct")
-        text = esc(f"{number(ref, 'ms')} → {number(cand, 'ms')}")
+def _server_row(level: LevelComparison) -> str:
+    cells = cell(level.level, level.level, "num")
+    for metric in SERVER_COLUMNS:
+        compared = level.get(metric)
+        if compared is None:
+            cells += cell(f"{DASH} → {DASH}", None, "num")
+            continue
+        value = compared.change_pct
+        text = esc(f"{number(compared.reference, 'ms')} → {number(compared.candidate, 'ms')}")
         if not missing(value):
-            text += f"<small>{esc(f'{value:+.1f} %')} {esc(_interval(row, metric))}</small>"
+            text += f"<small>{esc(f'{value:+.1f} %')} {esc(_interval(compared))}</small>"
         cells += cell(text, value, "num", raw=True)
     return cells
 
 
-def server_table(deltas: pd.DataFrame) -> str:
+def server_table(perf: PerfResult) -> str:
     """The servers' own timings per level, reference → candidate, and the change (not judged);
-    empty when no server published them."""
-    if deltas.empty or f"{SERVER_COLUMNS[0][0]}_reference" not in deltas.columns:
+    empty when no server published the GDN prefill time."""
+    if not any(level.get(SERVER_COLUMNS[0]) for level in perf.levels):
         return ""
-    rows = [_server_row(row) for _, row in deltas.iterrows() if row["comparison"] == CANDIDATE]
-    return table(["level"] + [name for _, name in SERVER_COLUMNS], rows)
+    rows = [_server_row(level) for level in perf.candidate]
+    return table(["level"] + [m.label for m in SERVER_COLUMNS], rows)
 
 
-def _interval_note(outcome, deltas: pd.DataFrame) -> str:
+def _interval_note(outcome, perf: PerfResult) -> str:
     """What the words and intervals mean in this run (rig/verdict/speed.py's design)."""
     speed = outcome.speed
     if not speed.measured:
         return f"No speed word: {speed.reason}."
-    levels = int(deltas["level"].nunique())
+    levels = len({level.level for level in perf.levels})
     return (
         f"Words ({', '.join(HEADLINE_METRICS)}) at {speed.describe(levels)}: an interval that "
         "includes no change is within noise; the other metrics are shown, not judged."
@@ -157,24 +150,24 @@ def _curve_points(summary: pd.DataFrame) -> dict[str, list[tuple[int, float, flo
     return points
 
 
-def levels_section(outcome, summary: pd.DataFrame, deltas: pd.DataFrame) -> str:
+def levels_section(outcome, summary: pd.DataFrame, perf: PerfResult) -> str:
     parts = ['<section id="levels"><h2>Per level</h2>']
     if summary.empty:
         parts.append("<p>No request finished.</p></section>")
         return "\n".join(parts)
-    if not deltas.empty:
+    if perf.levels:
         parts += [
             "<h3>Candidate against reference</h3>",
             "<p>Change = candidate − reference, in percent of the reference (a positive "
             "latency change is slower, a positive throughput change faster), with its interval "
             "[low, high] over the units the schedule allows (block pairs, or request pairs "
             "where they ran back to back; none from one block). "
-            + esc(_interval_note(outcome, deltas))
+            + esc(_interval_note(outcome, perf))
             + " The A/A row (the reference server replaying a level's requests) is what "
             "identical kernels measure.</p>",
-            delta_table(deltas),
+            delta_table(perf.levels),
         ]
-        servers = server_table(deltas)
+        servers = server_table(perf)
         if servers:
             parts += [
                 "<h3>The servers' own timings</h3>",

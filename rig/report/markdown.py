@@ -7,6 +7,7 @@ import re
 
 import pandas as pd
 
+from rig.records import Side
 from rig.report.format import DASH, check, missing, number
 from rig.report.html import headline_texts
 from rig.report.mismatches import mismatch_order
@@ -14,13 +15,14 @@ from rig.report.prefix_hits import hits_markdown
 from rig.verdict.compare import PairResult
 from rig.verdict.gates import SideKernel, Verdict
 from rig.verdict.outcome import RunOutcome
-from rig.verdict.perf import AA, candidate_rows
+from rig.verdict.perf_records import SERVER_METRICS, Metric, MetricComparison, PerfResult
 
-SERVER_NAMES = {
-    "gdn_ms_per_call": "GDN prefill per call",
-    "server_prefill_ms": "prefill per request",
-    "server_decode_ms": "decode per request",
-    "server_queue_ms": "queue per request",
+# The metrics a level's Markdown row shows, and what the A/A floor's line calls them.
+ROW_DELTAS = (Metric.MEAN_TTFT, Metric.MEAN_E2EL, Metric.TOTAL_TOKEN_THROUGHPUT)
+FLOOR_NAMES = {
+    Metric.MEAN_TTFT: "TTFT",
+    Metric.MEAN_E2EL: "E2EL",
+    Metric.TOTAL_TOKEN_THROUGHPUT: "tok/s",
 }
 SUMMARY_MD_LIMIT = 65_536  # GitHub's limit on a comment's body, in characters
 LINE_LIMIT = 1_000  # one gate detail or error line at most
@@ -71,20 +73,19 @@ def _cell_md(value: object) -> str:
     return _clip(_md_text(str(value)).replace("|", "\\|").replace("\n", " "), 300)
 
 
-def delta_md(row: pd.Series, metric: str) -> str:
+def delta_md(compared: MetricComparison | None) -> str:
     """Candidate - reference in percent, its interval and the word (faster, slower, within
     noise, or why there is none), e.g. `+12.0 % [+9.1, +15.2] slower`."""
-    value = row.get(f"{metric}_change_pct")
-    if missing(value):
+    if compared is None or missing(compared.change_pct):
         return DASH
-    text = f"{value:+.1f} %"
-    low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
-    if not (missing(low) or missing(high)):
+    text = f"{compared.change_pct:+.1f} %"
+    if compared.interval_pct is not None:
+        low, high = compared.interval_pct
         text += f" [{low:+.1f}, {high:+.1f}]"
-    return f"{text} {row.get(f'{metric}_word', '')}".rstrip()
+    return f"{text} {compared.word}".rstrip()
 
 
-def _level_lines(table: pd.DataFrame) -> list[str]:
+def _level_lines(table: pd.DataFrame, perf: PerfResult) -> list[str]:
     """One Markdown row per level and side."""
     header = [
         "| level | side | ok | identical | TTFT mean | E2EL mean | total tok/s "
@@ -94,12 +95,15 @@ def _level_lines(table: pd.DataFrame) -> list[str]:
     rows = []
     for _, row in table.iterrows():
         matches = row.get("matches")
+        candidate = row["side"] == Side.CANDIDATE
+        ttft, e2el, tokens = (
+            delta_md(perf.get(int(row["level"]), m) if candidate else None) for m in ROW_DELTAS
+        )
         rows.append(
             f"| {row['level']} | {row['side']} | {int(row['completed'])}/{int(row['requests'])} "
             f"| {DASH if missing(matches) or row['side'] != 'candidate' else int(matches)} "
             f"| {number(row['mean_ttft_ms'], 'ms')} | {number(row['mean_e2el_ms'], 'ms')} "
-            f"| {number(row['total_token_throughput'])} | {delta_md(row, 'mean_ttft_ms')} "
-            f"| {delta_md(row, 'mean_e2el_ms')} | {delta_md(row, 'total_token_throughput')} |"
+            f"| {number(row['total_token_throughput'])} | {ttft} | {e2el} | {tokens} |"
         )
     return header + rows
 
@@ -162,14 +166,15 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     if outcome.chunked_prefill is not None:
         head += [_clip(f"Chunked prefill: {outcome.chunked_prefill.describe()}"), ""]
     head += _jit_lines(outcome.compiled_blocks)
-    head += _server_lines(outcome.perf)
-    head += _aa_floor_lines(outcome.perf)
-    head += _planted_lines(outcome.perf)
+    perf = outcome.perf if outcome.perf is not None else PerfResult()
+    head += _server_lines(perf)
+    head += _aa_floor_lines(perf)
+    head += _planted_lines(perf)
     head += hits_markdown(outcome.records)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
     budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
-    level_lines = _level_lines(table) if not table.empty else ["(no request finished)"]
+    level_lines = _level_lines(table, perf) if not table.empty else ["(no request finished)"]
     listed = [_mismatch_line(p) for p in mismatched[:MISMATCHES_LISTED]]
     more = len(mismatched) - len(listed)
     if more:
@@ -187,47 +192,42 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     return text[:SUMMARY_MD_LIMIT]
 
 
-def _aa_floor_lines(perf: pd.DataFrame | None) -> list[str]:
+def _aa_floor_lines(perf: PerfResult) -> list[str]:
     """The A/A performance floor: what identical kernels measure as a change."""
-    if perf is None or perf.empty or AA not in set(perf.get("comparison", ())):
-        return []
     lines = []
-    for _, row in perf[perf["comparison"] == AA].iterrows():
+    for level in perf.aa:
         metrics = ", ".join(
-            f"{name} {delta_md(row, metric)}"
-            for metric, name in (
-                ("mean_ttft_ms", "TTFT"),
-                ("mean_e2el_ms", "E2EL"),
-                ("total_token_throughput", "tok/s"),
-            )
+            f"{name} {delta_md(level.get(metric))}" for metric, name in FLOOR_NAMES.items()
         )
-        lines.append(_clip(f"A/A performance floor at C={int(row['level'])}: {metrics}"))
-    return [*lines, ""]
+        lines.append(_clip(f"A/A performance floor at C={level.level}: {metrics}"))
+    return [*lines, ""] if lines else []
 
 
-def _planted_lines(perf: pd.DataFrame | None) -> list[str]:
+def _planted_lines(perf: PerfResult) -> list[str]:
     """A candidate slowed on purpose: the change it planted next to the measured interval."""
-    if perf is None or perf.empty or "planted_ms_per_request" not in perf.columns:
-        return []
     lines = []
-    for _, row in candidate_rows(perf).dropna(subset=["planted_ms_per_request"]).iterrows():
+    for level in perf.candidate:
+        planted = level.planted
+        if planted is None:
+            continue
         parts = []
-        for metric, name in (("mean_ttft_ms", "TTFT"), ("mean_e2el_ms", "E2EL")):
-            inside = row[f"{metric}_planted_inside_ci"]
-            verdict = "inside the interval" if inside else "**outside the interval**"
+        for change in planted.changes:
+            verdict = (
+                "inside the interval" if change.inside_interval else "**outside the interval**"
+            )
             parts.append(
-                f"{name} planted {row[f'{metric}_planted_pct']:+.1f} %, measured "
-                f"{delta_md(row, metric)}: {verdict}"
+                f"{FLOOR_NAMES[change.metric]} planted {change.planted_pct:+.1f} %, measured "
+                f"{delta_md(level.get(change.metric))}: {verdict}"
             )
         lines.append(
             _clip(
-                f"Planted slowdown at C={int(row['level'])}: "
-                f"{row['planted_calls_per_request']:.2f} GDN prefill calls per request x "
-                f"{row['planted_delay_ms']:g} ms = {row['planted_ms_per_request']:.1f} ms per "
+                f"Planted slowdown at C={level.level}: "
+                f"{planted.calls_per_request:.2f} GDN prefill calls per request x "
+                f"{planted.delay_ms:g} ms = {planted.ms_per_request:.1f} ms per "
                 f"request. {'; '.join(parts)}."
             )
         )
-    return [*lines, ""]
+    return [*lines, ""] if lines else []
 
 
 def _jit_lines(blocks: list[tuple[int, int, str]]) -> list[str]:
@@ -245,20 +245,18 @@ def _jit_lines(blocks: list[tuple[int, int, str]]) -> list[str]:
     ]
 
 
-def _server_lines(perf: pd.DataFrame | None) -> list[str]:
+def _server_lines(perf: PerfResult) -> list[str]:
     """The servers' own timings per level: each side's mean per block, and the change."""
-    if perf is None or perf.empty:
-        return []
     lines = []
-    for _, row in candidate_rows(perf).iterrows():
+    for level in perf.candidate:
         parts = [
-            f"{name} {_fmt(row.get(f'{metric}_reference'), 2)} → "
-            f"{_fmt(row.get(f'{metric}_candidate'), 2)} ms ({delta_md(row, metric)})"
-            for metric, name in SERVER_NAMES.items()
-            if not missing(row.get(f"{metric}_reference"))
+            f"{metric.label} {_fmt(compared.reference, 2)} → "
+            f"{_fmt(compared.candidate, 2)} ms ({delta_md(compared)})"
+            for metric in SERVER_METRICS
+            if (compared := level.get(metric)) is not None
         ]
         if parts:
-            lines.append(_clip(f"Server side at C={int(row['level'])}: " + "; ".join(parts)))
+            lines.append(_clip(f"Server side at C={level.level}: " + "; ".join(parts)))
     return [*lines, ""] if lines else []
 
 

@@ -24,7 +24,7 @@ from rig.verdict.drift import DriftResult, drift_results, forced_positions
 from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, VerdictWord, decide
 from rig.verdict.initial_state import chunked_prefill, initial_state_gate
 from rig.verdict.outcome import RunOutcome
-from rig.verdict.perf import perf_frame
+from rig.verdict.perf import perf_result
 from rig.verdict.planted import PlantedDelay
 from rig.verdict.prefix_hits import conversation_hits_gate
 from rig.verdict.speed import SpeedDesign, apply_design, speed_design
@@ -226,7 +226,7 @@ def build_outcome(
     hits = sum(p.hits for p in state.server_deltas)
     workload = scenario.workload
     timing = timing_design(ctx, state.server_deltas, state.faults)
-    raw_perf = perf_frame(
+    raw_perf = perf_result(
         state.records,
         state.aa_records,
         aa_concurrency(scenario),
@@ -244,7 +244,7 @@ def build_outcome(
         candidate_should_run(scenario),
         is_aa_run(scenario),
         log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
-        deltas=raw_perf,
+        perf=raw_perf,
         aa_pairs=aa_pairs,
         aa_drift=aa_drift,
         reference_backend=(

@@ -16,15 +16,13 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import pandas as pd
-
 from kernels.backends import CPU_NATIVE, reference_kernel_name
 from kernels.proof import InitialStateCounts
 from rig.records import ExitCode, Side
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
-from rig.verdict.perf import PERF_METRICS, candidate_rows, worst_slowdown_pct
+from rig.verdict.perf_records import CLIENT_METRICS, LevelComparison, PerfResult
 
 
 @dataclass(frozen=True)
@@ -214,7 +212,7 @@ def decide(
     requested_kernel: str | None,
     is_aa: bool,
     log_faults: int = 0,
-    deltas: pd.DataFrame | None = None,
+    perf: PerfResult | None = None,
     aa_pairs: list[PairResult] | None = None,
     aa_drift: list[DriftResult] | None = None,
     reference_backend: str | None = None,
@@ -294,8 +292,8 @@ def decide(
     if reference_backend is not None and kernels:
         gates.append(_reference_backend_gate(kernels, reference_backend, is_aa))
     gates += extra_gates
-    if g.max_perf_regression_pct is not None and deltas is not None and not deltas.empty:
-        gates.append(_performance_gate(candidate_rows(deltas), g.max_perf_regression_pct))
+    if g.max_perf_regression_pct is not None and perf is not None and perf.levels:
+        gates.append(_performance_gate(perf.candidate, g.max_perf_regression_pct))
     passed = all(gate.passed for gate in gates)
     word = verdict_word(gates, counts, aa_counts)
     notes = (f"No kernel proof was asked for ({proof_not_asked}).",) if proof_not_asked else ()
@@ -309,15 +307,15 @@ def decide(
     )
 
 
-def _performance_gate(deltas: pd.DataFrame, allowed_pct: float) -> Gate:
+def _performance_gate(levels: tuple[LevelComparison, ...], allowed_pct: float) -> Gate:
     """Fails only where a metric's whole 95% interval is slower than the allowed regression:
     a point estimate inside the noise never fails a run."""
     worst = max(
         (
-            (worst_slowdown_pct(row, metric), int(row["level"]), metric)
-            for _, row in deltas.iterrows()
-            for metric in PERF_METRICS
-            if f"{metric}_ci_low_pct" in row and pd.notna(row[f"{metric}_ci_low_pct"])
+            (compared.least_slowdown_pct, compared.level, compared.metric)
+            for level in levels
+            for compared in level.metrics
+            if compared.metric in CLIENT_METRICS and compared.interval is not None
         ),
         default=None,
     )

@@ -17,7 +17,8 @@ from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, Verdict
 from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.metrics import request_frame, summary_frame
-from rig.verdict.perf import perf_frame
+from rig.verdict.perf import perf_result
+from rig.verdict.perf_records import PerfResult
 from rig.verdict.speed import SpeedDesign
 
 
@@ -39,8 +40,8 @@ class RunOutcome:
     aa_pairs: list[PairResult] | None = None
     aa_drift: list[DriftResult] | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    # rig.verdict.perf.perf_frame, with the A/A floor when it ran; the records' alone if not given
-    perf: pd.DataFrame | None = None
+    # rig.verdict.perf.perf_result, with the A/A floor when it ran; the records' alone if not given
+    perf: PerfResult | None = None
     error: str | None = None
     prompt_categories: dict[str, str] = field(default_factory=dict)  # prompt id -> category
     speed: SpeedDesign = field(default_factory=lambda: SpeedDesign(True))
@@ -57,7 +58,7 @@ class RunOutcome:
         self.requests = request_frame(self.records)
         self.summary = summary_frame(self.records, self.pairs)
         if self.perf is None:
-            self.perf = perf_frame(self.records)
+            self.perf = perf_result(self.records)
 
     @property
     def compiled_blocks(self) -> list[tuple[int, int, str]]:

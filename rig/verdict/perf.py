@@ -20,7 +20,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
 
 from rig.records import RequestRecord, ServerDelta, Side, duration_s
 from rig.verdict.intervals import (
@@ -30,30 +29,26 @@ from rig.verdict.intervals import (
     block_estimate,
     pair_estimate,
 )
-from rig.verdict.planted import PlantedDelay, add_planted
-from rig.verdict.server_side import add_server_metrics
+from rig.verdict.perf_records import (
+    BLOCK,
+    CLIENT_METRICS,
+    FASTER,
+    HEADLINE_METRICS,
+    NOISE,
+    ONE_BLOCK,
+    PAIR,
+    SLOWER,
+    UNEQUAL,
+    Comparison,
+    LevelComparison,
+    Metric,
+    MetricComparison,
+    PerfResult,
+)
+from rig.verdict.planted import PlantedDelay, planted_share
+from rig.verdict.server_side import server_comparisons
 
 CONFIDENCE = 0.95
-# vllm bench serve's names, and True where lower is better (latency), False for throughput.
-PERF_METRICS = {
-    "mean_ttft_ms": True,
-    "median_ttft_ms": True,
-    "p99_ttft_ms": True,
-    "mean_tpot_ms": True,
-    "mean_itl_ms": True,
-    "mean_e2el_ms": True,
-    "request_throughput": False,
-    "output_throughput": False,
-    "total_token_throughput": False,
-}
-# The metrics that get a word, and so make up the family (rig/verdict/speed.py): latency at
-# first token, per token and end to end, and the throughput of the whole level.
-HEADLINE_METRICS = ("mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "total_token_throughput")
-FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
-UNEQUAL = "not comparable: outputs differ"
-ONE_BLOCK = "not measured (one block)"
-BLOCK, PAIR = "block", "pair"
-CANDIDATE, AA = "candidate/reference", "A/A"
 FIXED = TimingDesign()  # a fixed number of blocks, every block kept, blocks as units
 
 
@@ -102,22 +97,22 @@ def repeat_arrays(records: list[RequestRecord], size: int) -> RepeatArrays | Non
     )
 
 
-def block_metrics(a: RepeatArrays) -> dict[str, float]:
+def block_metrics(a: RepeatArrays) -> dict[Metric, float]:
     """Every metric of one block."""
     valid = ~np.isnan(a.ttft_ms)
     duration = a.duration_s if a.duration_s > 0 else math.nan
     out, prompt = np.nansum(a.output_tokens), np.nansum(a.prompt_tokens)
     with np.errstate(invalid="ignore", divide="ignore"):
         return {
-            "mean_ttft_ms": float(np.nanmean(a.ttft_ms)) if valid.any() else math.nan,
-            "median_ttft_ms": _percentile(a.ttft_ms, 50),
-            "p99_ttft_ms": _percentile(a.ttft_ms, 99),
-            "mean_tpot_ms": _mean(a.tpot_ms),
-            "mean_itl_ms": float(np.nansum(a.itl_sum_ms) / np.nansum(a.itl_count)),
-            "mean_e2el_ms": _mean(a.e2el_ms),
-            "request_throughput": float(a.completed / duration),
-            "output_throughput": float(out / duration),
-            "total_token_throughput": float((out + prompt) / duration),
+            Metric.MEAN_TTFT: float(np.nanmean(a.ttft_ms)) if valid.any() else math.nan,
+            Metric.MEDIAN_TTFT: _percentile(a.ttft_ms, 50),
+            Metric.P99_TTFT: _percentile(a.ttft_ms, 99),
+            Metric.MEAN_TPOT: _mean(a.tpot_ms),
+            Metric.MEAN_ITL: float(np.nansum(a.itl_sum_ms) / np.nansum(a.itl_count)),
+            Metric.MEAN_E2EL: _mean(a.e2el_ms),
+            Metric.REQUEST_THROUGHPUT: float(a.completed / duration),
+            Metric.OUTPUT_THROUGHPUT: float(out / duration),
+            Metric.TOTAL_TOKEN_THROUGHPUT: float((out + prompt) / duration),
         }
 
 
@@ -176,11 +171,11 @@ def paired_levels(
     return levels
 
 
-def block_estimates(blocks: LevelBlocks, stage_one: int | None) -> dict[str, LogEstimate]:
+def block_estimates(blocks: LevelBlocks, stage_one: int | None) -> dict[Metric, LogEstimate]:
     """Per metric, from each block pair's ratio of the two blocks' metrics."""
     per_block = [(block_metrics(ref), block_metrics(cand)) for _, ref, cand in blocks.pairs]
     estimates = {}
-    for metric in PERF_METRICS:
+    for metric in CLIENT_METRICS:
         with np.errstate(invalid="ignore", divide="ignore"):
             logs = np.log(np.array([c[metric] / r[metric] for r, c in per_block]))
         estimate = block_estimate(logs, stage_one)
@@ -193,13 +188,13 @@ def block_estimates(blocks: LevelBlocks, stage_one: int | None) -> dict[str, Log
 # (candidate's numerator, candidate's denominator) per pair, the reference's the same. A
 # throughput at C=1 is tokens over the time spent serving them (the sum of E2EL).
 _PAIR_TERMS = {
-    "mean_ttft_ms": ("ttft_ms", None),
-    "mean_tpot_ms": ("tpot_ms", None),
-    "mean_itl_ms": ("itl_sum_ms", "itl_count"),
-    "mean_e2el_ms": ("e2el_ms", None),
-    "request_throughput": (None, "e2el_ms"),
-    "output_throughput": ("output_tokens", "e2el_ms"),
-    "total_token_throughput": ("total_tokens", "e2el_ms"),
+    Metric.MEAN_TTFT: ("ttft_ms", None),
+    Metric.MEAN_TPOT: ("tpot_ms", None),
+    Metric.MEAN_ITL: ("itl_sum_ms", "itl_count"),
+    Metric.MEAN_E2EL: ("e2el_ms", None),
+    Metric.REQUEST_THROUGHPUT: (None, "e2el_ms"),
+    Metric.OUTPUT_THROUGHPUT: ("output_tokens", "e2el_ms"),
+    Metric.TOTAL_TOKEN_THROUGHPUT: ("total_tokens", "e2el_ms"),
 }
 
 
@@ -211,7 +206,7 @@ def _pair_column(arrays: list[RepeatArrays], name: str | None) -> np.ndarray:
     return np.concatenate([getattr(a, name) for a in arrays])
 
 
-def pair_estimates(blocks: LevelBlocks, stage_one: int | None) -> dict[str, LogEstimate]:
+def pair_estimates(blocks: LevelBlocks, stage_one: int | None) -> dict[Metric, LogEstimate]:
     """Per metric, a ratio of sums over the request pairs of every block, in the order they
     ran; stage one is the pairs of the first `stage_one` blocks."""
     refs = [ref for _, ref, _ in blocks.pairs]
@@ -263,7 +258,7 @@ def blocks_needed(blocks: LevelBlocks, timing: TimingDesign, confidence: float) 
     return max(needed)
 
 
-def level_estimates(blocks: LevelBlocks, timing: TimingDesign) -> dict[str, LogEstimate]:
+def level_estimates(blocks: LevelBlocks, timing: TimingDesign) -> dict[Metric, LogEstimate]:
     """The level's estimates in the unit its schedule allows; a sequential design's spread is
     stage one's, also where the budget ended before Stein's rule was met (its coverage holds
     over every stage one: taking all blocks' spread only where stage one looked wide would
@@ -282,80 +277,78 @@ def word(lower_is_better: bool, low: float, high: float) -> str:
     return NOISE
 
 
-def _point_ratios(blocks: LevelBlocks) -> dict[str, float]:
+def _point_ratios(blocks: LevelBlocks) -> dict[Metric, float]:
     """Each metric's ratio of the two sides' block means (no interval)."""
     per_block = [(block_metrics(ref), block_metrics(cand)) for _, ref, cand in blocks.pairs]
     with np.errstate(invalid="ignore", divide="ignore"):
         return {
             m: float(np.nanmean([c[m] for _, c in per_block]))
             / float(np.nanmean([r[m] for r, _ in per_block]))
-            for m in PERF_METRICS
+            for m in CLIENT_METRICS
         }
 
 
-def _set_metric(row: dict, metric: str, ratio: float, low: float, high: float, text: str) -> None:
-    row[f"{metric}_ratio"] = ratio
-    row[f"{metric}_ci_low"] = low
-    row[f"{metric}_ci_high"] = high
-    row[f"{metric}_change_pct"] = (ratio - 1) * 100
-    row[f"{metric}_ci_low_pct"] = (low - 1) * 100
-    row[f"{metric}_ci_high_pct"] = (high - 1) * 100
-    row[f"{metric}_word"] = text
+def _comparison(
+    level: int, metric: Metric, ratio: float, low: float, high: float, text: str
+) -> MetricComparison:
+    interval = None if math.isnan(low) or math.isnan(high) else (low, high)
+    return MetricComparison(level, metric, ratio, interval, text)
+
+
+def _level_metrics(
+    blocks: LevelBlocks, unequal: int, timing: TimingDesign, confidence: float
+) -> tuple[MetricComparison, ...]:
+    estimates = {} if unequal else level_estimates(blocks, timing)
+    points = _point_ratios(blocks)
+    metrics = []
+    for metric in CLIENT_METRICS:
+        estimate = estimates.get(metric)
+        if unequal or estimate is None:
+            text = UNEQUAL if unequal else ONE_BLOCK
+            metrics.append(
+                _comparison(blocks.level, metric, points[metric], math.nan, math.nan, text)
+            )
+            continue
+        ratio, low, high = estimate.interval(confidence)
+        if len(blocks.pairs) < 2:
+            low = high = math.nan
+        text = word(metric.lower_is_better, low, high) if np.isfinite(low) else ONE_BLOCK
+        metrics.append(_comparison(blocks.level, metric, ratio, low, high, text))
+    return tuple(metrics)
 
 
 def compare_levels(
     reference: Iterable[RequestRecord],
     candidate: Iterable[RequestRecord],
-    comparison: str = "candidate/reference",  # or "A/A"
+    comparison: Comparison = Comparison.CANDIDATE,
     confidence: float = CONFIDENCE,
     timing: TimingDesign = FIXED,
-) -> pd.DataFrame:
-    """One row per level both sides ran: its unit, blocks and the pairs that did unequal work;
-    per metric `<m>_ratio` (candidate / reference), its interval `<m>_ci_low` / `<m>_ci_high`,
-    the same as percent change (`<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and
-    `<m>_word`."""
+) -> tuple[LevelComparison, ...]:
+    """One LevelComparison per level both sides ran: its unit, blocks and the pairs that did
+    unequal work, and per client metric the ratio candidate / reference, its interval and
+    its word."""
     levels = paired_levels(list(reference), list(candidate), timing.excluded)
-    rows = []
+    compared = []
     for level, blocks in levels.items():
         if not blocks.pairs:
             continue
         unequal = blocks.unequal_pairs
-        row: dict = {
-            "comparison": comparison,
-            "level": level,
-            "unit": PAIR if level in timing.pair_levels else BLOCK,
-            "repeats": len(blocks.pairs),
-            "excluded_blocks": len(blocks.excluded),
-            "requests": int(sum(np.sum(~np.isnan(cand.ttft_ms)) for _, _, cand in blocks.pairs)),
-            "unequal_pairs": unequal,
-        }
-        estimates = {} if unequal else level_estimates(blocks, timing)
-        points = _point_ratios(blocks)
-        for metric, lower_is_better in PERF_METRICS.items():
-            estimate = estimates.get(metric)
-            if unequal or estimate is None:
-                text = UNEQUAL if unequal else ONE_BLOCK
-                _set_metric(row, metric, points[metric], math.nan, math.nan, text)
-                continue
-            ratio, low, high = estimate.interval(confidence)
-            if len(blocks.pairs) < 2:
-                low = high = math.nan
-            text = word(lower_is_better, low, high) if np.isfinite(low) else ONE_BLOCK
-            _set_metric(row, metric, ratio, low, high, text)
-        rows.append(row)
-    return pd.DataFrame(rows)
+        compared.append(
+            LevelComparison(
+                comparison=comparison,
+                level=level,
+                unit=PAIR if level in timing.pair_levels else BLOCK,
+                repeats=len(blocks.pairs),
+                excluded_blocks=len(blocks.excluded),
+                requests=int(sum(np.sum(~np.isnan(cand.ttft_ms)) for _, _, cand in blocks.pairs)),
+                unequal_pairs=unequal,
+                metrics=_level_metrics(blocks, unequal, timing, confidence),
+            )
+        )
+    return tuple(compared)
 
 
-def worst_slowdown_pct(row: pd.Series, metric: str) -> float:
-    """The smallest slowdown, in percent, the interval allows (its bound nearest to no change,
-    oriented so that positive = slower): the performance gate fails only when this exceeds
-    the allowed regression, i.e. when the whole interval is worse than the bound."""
-    if PERF_METRICS[metric]:
-        return float(row[f"{metric}_ci_low_pct"])
-    return float(-row[f"{metric}_ci_high_pct"])
-
-
-def perf_frame(
+def perf_result(
     records: Iterable[RequestRecord],
     aa_records: Iterable[RequestRecord] = (),
     aa_concurrency: int | None = None,
@@ -363,29 +356,27 @@ def perf_frame(
     confidence: float = CONFIDENCE,
     timing: TimingDesign = FIXED,
     deltas: Iterable[ServerDelta] = (),
-) -> pd.DataFrame:
+) -> PerfResult:
     """The run's candidate-vs-reference comparison from its timed, finished requests, with the
     servers' own timings beside it (server_side.py), and, when the A/A control ran at one of the
     levels' concurrencies, the A/A performance floor: the reference server's replay of a
     level's requests against that level's first repeat (same kernel, same concurrency; one
-    block, so a ratio with no interval). With a planted delay, what it planted (add_planted)."""
+    block, so a ratio with no interval). With a planted delay, what it planted (planted.py)."""
     records = list(records)
+    deltas = list(deltas)
     finished = [r for r in records if not r.cancelled]
     reference = [r for r in finished if r.side == Side.REFERENCE]
     candidate = [r for r in finished if r.side == Side.CANDIDATE]
-    frame = compare_levels(reference, candidate, confidence=confidence, timing=timing)
-    frame = add_server_metrics(frame, list(deltas), CANDIDATE, timing, confidence)
-    if planted is not None and not frame.empty:
-        frame = add_planted(frame, records, planted, timing.excluded)
+    levels = []
+    for compared in compare_levels(reference, candidate, confidence=confidence, timing=timing):
+        server = server_comparisons(deltas, compared.level, timing, confidence)
+        compared = replace(compared, metrics=compared.metrics + server)
+        if planted is not None:
+            share = planted_share(compared, records, planted, timing.excluded)
+            compared = replace(compared, planted=share)
+        levels.append(compared)
     replay = [replace(r, level=aa_concurrency) for r in aa_records]
     baseline = [r for r in reference if r.level == aa_concurrency and r.repeat == 0]
     if replay and baseline:
-        floor = compare_levels(baseline, replay, comparison=AA, confidence=confidence)
-        frame = pd.concat([frame, floor], ignore_index=True) if not frame.empty else floor
-    return frame
-
-
-def candidate_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    if frame.empty or "comparison" not in frame.columns:
-        return frame
-    return frame[frame["comparison"] == CANDIDATE]
+        levels += compare_levels(baseline, replay, comparison=Comparison.AA, confidence=confidence)
+    return PerfResult(tuple(levels))

@@ -8,12 +8,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from rig.records import RequestRecord, Side
+from rig.verdict.perf_records import (
+    Comparison,
+    LevelComparison,
+    Metric,
+    PlantedChange,
+    PlantedShare,
+)
 
-CANDIDATE = "candidate/reference"
-PLANTED_METRICS = ("mean_ttft_ms", "mean_e2el_ms")  # grow by the same time per request
+# The metrics that grow by the same time per request, and the request's field each is a mean of.
+PLANTED_METRICS = {Metric.MEAN_TTFT: "ttft_s", Metric.MEAN_E2EL: "e2el_s"}
 
 
 @dataclass(frozen=True)
@@ -26,54 +32,47 @@ class PlantedDelay:
     calls: dict[tuple[int, int], int]
 
 
-def add_planted(
-    frame: pd.DataFrame,
+def planted_share(
+    compared: LevelComparison,
     records: Iterable[RequestRecord],
     planted: PlantedDelay,
     excluded: frozenset[tuple[int, int]] = frozenset(),
-) -> pd.DataFrame:
-    """Candidate rows at C=1 get what the delay planted: `planted_delay_ms` per call,
-    `planted_calls_per_request`, `planted_ms_per_request` (delay x calls / requests), and per
-    metric of PLANTED_METRICS `<m>_planted_pct` (that time over the reference's mean, in
-    percent) and `<m>_planted_inside_ci` (whether the interval holds it). Other levels batch
-    several requests' prefills into one call: nothing is claimed there. Blocks left out of
-    the interval (`excluded`, a JIT compilation) are left out here too."""
+) -> PlantedShare | None:
+    """What the delay planted at the candidate's C=1 level: the delay per call, the calls per
+    request, the time per request (delay x calls / requests), and per metric of
+    PLANTED_METRICS that time over the reference's mean, in percent, and whether the interval
+    holds it. Other levels batch several requests' prefills into one call: nothing is claimed
+    there (None). Blocks left out of the interval (`excluded`, a JIT compilation) are left out
+    here too."""
+    level = compared.level
+    if compared.comparison != Comparison.CANDIDATE or level != 1:
+        return None
     timed = [r for r in records if not r.warmup and not r.cancelled]
-    frame = frame.copy()
-    for index, row in frame.iterrows():
-        if row["comparison"] != CANDIDATE or row["level"] != 1:
-            continue
-        level = int(row["level"])
-        repeats = sorted(
-            rep for (lvl, rep) in planted.calls if lvl == level and (lvl, rep) not in excluded
-        )
-        requests = sum(
-            1
-            for r in timed
-            if r.side == Side.CANDIDATE and r.level == level and r.repeat in repeats
-        )
-        if not requests:
-            continue
-        calls = sum(planted.calls[(level, rep)] for rep in repeats)
-        added_ms = planted.delay_ms * calls / requests
-        frame.loc[index, "planted_delay_ms"] = planted.delay_ms
-        frame.loc[index, "planted_ms_per_request"] = added_ms
-        frame.loc[index, "planted_calls_per_request"] = calls / requests
-        for metric in PLANTED_METRICS:
-            reference = _reference_mean(timed, level, repeats, metric)
-            pct = 100 * added_ms / reference
-            low, high = row[f"{metric}_ci_low_pct"], row[f"{metric}_ci_high_pct"]
-            frame.loc[index, f"{metric}_planted_pct"] = pct
-            frame.loc[index, f"{metric}_planted_inside_ci"] = bool(low <= pct <= high)
-    return frame
+    repeats = sorted(
+        rep for (lvl, rep) in planted.calls if lvl == level and (lvl, rep) not in excluded
+    )
+    requests = sum(
+        1 for r in timed if r.side == Side.CANDIDATE and r.level == level and r.repeat in repeats
+    )
+    if not requests:
+        return None
+    calls = sum(planted.calls[(level, rep)] for rep in repeats)
+    added_ms = planted.delay_ms * calls / requests
+    changes = []
+    for metric, field_name in PLANTED_METRICS.items():
+        pct = 100 * added_ms / _reference_mean(timed, level, repeats, field_name)
+        measured = compared.get(metric)
+        interval = measured.interval_pct if measured is not None else None
+        inside = interval is not None and bool(interval[0] <= pct <= interval[1])
+        changes.append(PlantedChange(metric, pct, inside))
+    return PlantedShare(planted.delay_ms, added_ms, calls / requests, tuple(changes))
 
 
 def _reference_mean(
-    records: list[RequestRecord], level: int, repeats: list[int], metric: str
+    records: list[RequestRecord], level: int, repeats: list[int], field_name: str
 ) -> float:
-    """The reference's metric at a level, the mean over repeats of each repeat's mean (as the
-    ratio's point estimate takes it)."""
-    field_name = {"mean_ttft_ms": "ttft_s", "mean_e2el_ms": "e2el_s"}[metric]
+    """The reference's `field_name` at a level, in ms: the mean over repeats of each repeat's
+    mean (as the ratio's point estimate takes it)."""
     means = []
     for repeat in repeats:
         values = [

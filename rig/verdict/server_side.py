@@ -10,12 +10,10 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import pandas as pd
 
 from rig.records import ServerDelta, Side, side_of
 from rig.verdict.intervals import TimingDesign, block_estimate
-
-NOT_JUDGED = "not judged"
+from rig.verdict.perf_records import NOT_JUDGED, Metric, MetricComparison
 
 
 def _per(seconds: str, count: str) -> Callable[[list[ServerDelta]], float]:
@@ -32,11 +30,11 @@ def _per(seconds: str, count: str) -> Callable[[list[ServerDelta]], float]:
     return value
 
 
-SERVER_METRICS: dict[str, Callable[[list[ServerDelta]], float]] = {
-    "gdn_ms_per_call": _per("gdn_seconds", "gdn_timed_calls"),
-    "server_prefill_ms": _per("prefill_seconds", "prefill_requests"),
-    "server_decode_ms": _per("decode_seconds", "decode_requests"),
-    "server_queue_ms": _per("queue_seconds", "queue_requests"),
+SERVER_TIMINGS: dict[Metric, Callable[[list[ServerDelta]], float]] = {
+    Metric.GDN_MS_PER_CALL: _per("gdn_seconds", "gdn_timed_calls"),
+    Metric.SERVER_PREFILL: _per("prefill_seconds", "prefill_requests"),
+    Metric.SERVER_DECODE: _per("decode_seconds", "decode_requests"),
+    Metric.SERVER_QUEUE: _per("queue_seconds", "queue_requests"),
 }
 
 
@@ -51,41 +49,36 @@ def side_blocks(
     return {repeat: blocks[repeat] for repeat in sorted(blocks)}
 
 
-def add_server_metrics(
-    frame: pd.DataFrame,
-    deltas: list[ServerDelta],
-    comparison: str,
-    timing: TimingDesign,
-    confidence: float,
-) -> pd.DataFrame:
-    """Each `comparison` row gets, per server metric, each side's mean over the blocks
-    (`<m>_reference`, `<m>_candidate`) and the candidate/reference ratio with its interval
-    over the block pairs, in perf.compare_levels' columns (word: not judged)."""
-    if frame.empty or not deltas:
-        return frame
-    frame = frame.copy()
-    for index, row in frame.iterrows():
-        if row["comparison"] != comparison:
+def server_comparisons(
+    deltas: list[ServerDelta], level: int, timing: TimingDesign, confidence: float
+) -> tuple[MetricComparison, ...]:
+    """Per server metric both sides published at `level`: each side's mean over the blocks and
+    the candidate/reference ratio with its interval over the block pairs (word: not judged)."""
+    blocks = side_blocks(deltas, level, timing.excluded)
+    both = [b for b in blocks.values() if Side.REFERENCE in b and Side.CANDIDATE in b]
+    compared = []
+    for metric, value in SERVER_TIMINGS.items():
+        ref = np.array([value(b[Side.REFERENCE]) for b in both])
+        cand = np.array([value(b[Side.CANDIDATE]) for b in both])
+        if not np.isfinite(ref).any() or not np.isfinite(cand).any():
             continue
-        blocks = side_blocks(deltas, int(row["level"]), timing.excluded)
-        both = [b for b in blocks.values() if Side.REFERENCE in b and Side.CANDIDATE in b]
-        for metric, value in SERVER_METRICS.items():
-            ref = np.array([value(b[Side.REFERENCE]) for b in both])
-            cand = np.array([value(b[Side.CANDIDATE]) for b in both])
-            if not np.isfinite(ref).any() or not np.isfinite(cand).any():
-                continue
-            frame.loc[index, f"{metric}_reference"] = float(np.nanmean(ref))
-            frame.loc[index, f"{metric}_candidate"] = float(np.nanmean(cand))
-            with np.errstate(invalid="ignore", divide="ignore"):
-                estimate = block_estimate(np.log(cand / ref), timing.stage_one_blocks)
-            ratio, low, high = (
-                estimate.interval(confidence)
-                if estimate is not None and len(both) >= 2
-                else (float(np.nanmean(cand) / np.nanmean(ref)), math.nan, math.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            estimate = block_estimate(np.log(cand / ref), timing.stage_one_blocks)
+        ratio, low, high = (
+            estimate.interval(confidence)
+            if estimate is not None and len(both) >= 2
+            else (float(np.nanmean(cand) / np.nanmean(ref)), math.nan, math.nan)
+        )
+        interval = None if math.isnan(low) or math.isnan(high) else (low, high)
+        compared.append(
+            MetricComparison(
+                level,
+                metric,
+                ratio,
+                interval,
+                NOT_JUDGED,
+                reference=float(np.nanmean(ref)),
+                candidate=float(np.nanmean(cand)),
             )
-            for suffix, number in (("ratio", ratio), ("ci_low", low), ("ci_high", high)):
-                frame.loc[index, f"{metric}_{suffix}"] = number
-            for suffix, number in (("change", ratio), ("ci_low", low), ("ci_high", high)):
-                frame.loc[index, f"{metric}_{suffix}_pct"] = (number - 1) * 100
-            frame.loc[index, f"{metric}_word"] = NOT_JUDGED
-    return frame
+        )
+    return tuple(compared)

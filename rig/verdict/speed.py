@@ -18,32 +18,35 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
-import pandas as pd
 
 from rig.records import ExitCode, RequestRecord
 from rig.verdict.intervals import TimingDesign
-from rig.verdict.perf import (
-    CANDIDATE,
+from rig.verdict.perf import blocks_needed, paired_levels
+from rig.verdict.perf_records import (
+    CLIENT_METRICS,
     FASTER,
     HEADLINE_METRICS,
     NOISE,
+    NOT_JUDGED,
     ONE_BLOCK,
-    PERF_METRICS,
     SLOWER,
     UNEQUAL,
-    blocks_needed,
-    paired_levels,
+    Comparison,
+    LevelComparison,
+    Metric,
+    MetricComparison,
+    PerfResult,
 )
 from rig.verdict.student_t import t_quantile
 
 FAMILY_CONFIDENCE = 0.95
-NOT_JUDGED = "not judged"  # the word of a metric outside the family
 AA_ASYMMETRY = "A/A asymmetry"  # an A/A interval that excludes no change: not a kernel's doing
-METRIC_NAMES = {"total_token_throughput": "throughput", "mean_ttft_ms": "TTFT"}
-SHORT_NAMES = METRIC_NAMES | {"mean_tpot_ms": "TPOT", "mean_e2el_ms": "E2EL"}
+# The metrics the headline names, and the names it gives them.
+METRIC_NAMES = {Metric.TOTAL_TOKEN_THROUGHPUT: "throughput", Metric.MEAN_TTFT: "TTFT"}
+SHORT_NAMES = METRIC_NAMES | {Metric.MEAN_TPOT: "TPOT", Metric.MEAN_E2EL: "E2EL"}
 
 
 @dataclass(frozen=True)
@@ -114,67 +117,71 @@ def speed_design(
     return SpeedDesign(True, **extra)
 
 
-def apply_design(frame: pd.DataFrame, design: SpeedDesign) -> pd.DataFrame:
-    """The candidate rows' words as the design allows: none where it gives no word, none for
+def _designed_word(compared: MetricComparison, design: SpeedDesign) -> str:
+    if compared.metric not in CLIENT_METRICS:
+        return compared.word
+    if not design.measured:
+        return design.word
+    if compared.metric not in HEADLINE_METRICS:
+        return NOT_JUDGED
+    if design.aa_run and compared.word in (FASTER, SLOWER):
+        return AA_ASYMMETRY
+    return compared.word
+
+
+def apply_design(perf: PerfResult, design: SpeedDesign) -> PerfResult:
+    """The candidate levels' words as the design allows: none where it gives no word, none for
     metrics outside the family, and in an A/A run no faster or slower."""
-    if frame.empty:
-        return frame
-    frame = frame.copy()
-    rows = frame["comparison"] == CANDIDATE
-    for metric in PERF_METRICS:
-        column = f"{metric}_word"
-        if not design.measured:
-            frame.loc[rows, column] = design.word
-        elif metric not in HEADLINE_METRICS:
-            frame.loc[rows, column] = NOT_JUDGED
-        elif design.aa_run:
-            judged = rows & frame[column].isin([FASTER, SLOWER])
-            frame.loc[judged, column] = AA_ASYMMETRY
-    return frame
+    levels = tuple(
+        replace(
+            level,
+            metrics=tuple(replace(m, word=_designed_word(m, design)) for m in level.metrics),
+        )
+        if level.comparison == Comparison.CANDIDATE
+        else level
+        for level in perf.levels
+    )
+    return PerfResult(levels)
 
 
 def _levels_text(levels: list[int]) -> str:
     return f"C{levels[0]}" if len(levels) == 1 else f"C{levels[0]}-C{levels[-1]}"
 
 
-def _metric_headline(rows: pd.DataFrame, metric: str) -> str:
-    name = METRIC_NAMES[metric]
-    words = rows[f"{metric}_word"]
-    judged = rows[words.isin([FASTER, SLOWER, AA_ASYMMETRY])]
-    parts = [
-        f"{row[f'{metric}_change_pct']:+.1f} % [{row[f'{metric}_ci_low_pct']:+.1f}, "
-        f"{row[f'{metric}_ci_high_pct']:+.1f}] {row[f'{metric}_word']} at C{int(row['level'])}"
-        for _, row in judged.iterrows()
-    ]
+def _metric_headline(levels: tuple[LevelComparison, ...], metric: Metric) -> str:
+    compared = [c for level in levels if (c := level.get(metric)) is not None]
+    parts = []
+    for c in compared:
+        if c.word in (FASTER, SLOWER, AA_ASYMMETRY):
+            low, high = c.interval_pct or (math.nan, math.nan)
+            parts.append(f"{c.change_pct:+.1f} % [{low:+.1f}, {high:+.1f}] {c.word} at C{c.level}")
     others = [
-        f"{other} at {_levels_text(levels)}"
+        f"{other} at {_levels_text(where)}"
         for other in (UNEQUAL, ONE_BLOCK)
-        if (levels := sorted(int(level) for level in rows.loc[words == other, "level"]))
+        if (where := sorted(c.level for c in compared if c.word == other))
     ]
-    quiet = sorted(int(level) for level in rows.loc[words == NOISE, "level"])
+    quiet = sorted(c.level for c in compared if c.word == NOISE)
     if quiet:
         named = parts or others
         parts.append(f"within noise at {_levels_text(quiet)}" if named else "within noise")
     parts += others
-    return f"{name} " + ("; ".join(parts) if parts else "n/a")
+    return f"{METRIC_NAMES[metric]} " + ("; ".join(parts) if parts else "n/a")
 
 
-def half_width_pct(row: pd.Series, metric: str) -> float:
-    """The wider half of a metric's interval, in percent of the reference; NaN without one."""
-    change = row[f"{metric}_change_pct"]
-    return max(row[f"{metric}_ci_high_pct"] - change, change - row[f"{metric}_ci_low_pct"])
+def _headline(level: LevelComparison) -> list[MetricComparison]:
+    return [c for m in HEADLINE_METRICS if (c := level.get(m)) is not None]
 
 
-def resolution_text(rows: pd.DataFrame, design: SpeedDesign) -> str:
+def resolution_text(levels: tuple[LevelComparison, ...], design: SpeedDesign) -> str:
     """Whether each level's headline intervals came as narrow as the scenario asked."""
-    if design.resolution_pct is None or rows.empty:
+    if design.resolution_pct is None or not levels:
         return ""
     target = design.resolution_pct
     resolved, open_levels = [], []
-    for _, row in rows.iterrows():
-        widths = {m: half_width_pct(row, m) for m in HEADLINE_METRICS}
+    for level in levels:
+        widths = {c.metric: c.half_width_pct for c in _headline(level)}
         widest = max(widths, key=lambda m: -math.inf if math.isnan(widths[m]) else widths[m])
-        where = f"C{int(row['level'])} ({int(row['repeats'])} blocks)"
+        where = f"C{level.level} ({level.repeats} blocks)"
         if all(w <= target + 1e-9 for w in widths.values()):
             resolved.append(where)
         else:
@@ -189,33 +196,31 @@ def resolution_text(rows: pd.DataFrame, design: SpeedDesign) -> str:
     return text
 
 
-def noninferiority_text(rows: pd.DataFrame, design: SpeedDesign) -> str:
+def noninferiority_text(levels: tuple[LevelComparison, ...], design: SpeedDesign) -> str:
     """`not slower than X %`: the largest slowdown any headline interval at any level leaves
     open, when every one of them has an interval (family-wise, as the words); none in an A/A
     run, which has no candidate."""
-    bounds = []
-    for _, row in rows.iterrows():
-        for metric in HEADLINE_METRICS:
-            low, high = row[f"{metric}_ci_low_pct"], row[f"{metric}_ci_high_pct"]
-            bounds.append(high if PERF_METRICS[metric] else -low)
+    bounds = [c.most_slowdown_pct for level in levels for c in _headline(level)]
     if design.aa_run or not bounds or any(not np.isfinite(b) for b in bounds):
         return ""
     return f"not slower than {max(bounds):+.1f} % on any headline metric at any level"
 
 
-def speed_headline(frame: pd.DataFrame, design: SpeedDesign) -> str:
+def speed_headline(perf: PerfResult, design: SpeedDesign) -> str:
     """One line: `speed: throughput +8.5 % [+3.1, +14.2] faster at C16, within noise at
     C1-C4; TTFT within noise (family-wise 95% ...)`, or why there is no word."""
-    rows = frame[frame["comparison"] == CANDIDATE] if not frame.empty else frame
+    levels = perf.candidate
     if not design.measured:
         return f"speed: {design.reason}"
-    if rows.empty:
+    if not levels:
         return "speed: n/a (no level finished on both sides)"
-    parts = [_metric_headline(rows, metric) for metric in METRIC_NAMES]
-    extra = [text for text in (resolution_text(rows, design), noninferiority_text(rows, design))]
+    parts = [_metric_headline(levels, metric) for metric in METRIC_NAMES]
+    extra = [
+        text for text in (resolution_text(levels, design), noninferiority_text(levels, design))
+    ]
     tail = "".join(f"; {text}" for text in extra if text)
     aa = "A/A run: " if design.aa_run else ""
-    return f"speed: {aa}{'; '.join(parts)}{tail} ({design.describe(len(rows))})"
+    return f"speed: {aa}{'; '.join(parts)}{tail} ({design.describe(len(levels))})"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from rig.report.levels import delta_table
 from rig.report.mismatches import divergent_span, prompt_category
 from rig.verdict.initial_state import ChunkedPrefill, PromptChunks
 from rig.verdict.metrics import summary_frame
-from rig.verdict.perf import perf_frame
+from rig.verdict.perf import perf_result
+from rig.verdict.perf_records import NOISE, Metric, MetricComparison
 from tests.report_synthetic import LONG_TEXT, XSS_IMG, XSS_SCRIPT, synthetic_outcome
 
 
@@ -24,7 +25,7 @@ def synthetic(make_record, tmp_path_factory):
 def frames(synthetic):
     outcome, _ = synthetic
     summary = summary_frame(outcome.records, outcome.pairs)
-    return summary, perf_frame(outcome.records)
+    return summary, perf_result(outcome.records)
 
 
 @pytest.fixture(scope="module")
@@ -127,23 +128,21 @@ def test_prompt_category_prefers_the_recorded_one():
 
 
 def test_per_level_changes_show_their_interval_and_word(frames, page):
-    _, deltas = frames
-    assert delta_table(deltas) in page
-    with_ci = deltas.assign(
-        mean_ttft_ms_change_pct=1.0,
-        mean_ttft_ms_ci_low_pct=-3.0,
-        mean_ttft_ms_ci_high_pct=4.0,
-        mean_ttft_ms_word="within noise",
-    )
+    _, perf = frames
+    assert delta_table(perf.levels) in page
+    level = perf.candidate[0]
+    ttft = MetricComparison(level.level, Metric.MEAN_TTFT, 1.01, (0.97, 1.04), NOISE)
+    others = tuple(m for m in level.metrics if m.metric != Metric.MEAN_TTFT)
+    with_ci = dataclasses.replace(level, metrics=(ttft, *others))
     shown = '+1.0 %<small>[-3.0, +4.0]</small><small class="word">within noise</small>'
-    assert shown in delta_table(with_ci)
-    assert 'class="num delta-within-noise"' in delta_table(with_ci)
+    assert shown in delta_table((with_ci,))
+    assert 'class="num delta-within-noise"' in delta_table((with_ci,))
     assert "a positive latency change is slower" in page
 
 
 def test_a_run_without_aa_says_how_to_get_the_floor(make_record, tmp_path):
     outcome, _ = synthetic_outcome(make_record, tmp_path, with_aa=False)
-    page = render_html(outcome, summary_frame(outcome.records[:0]), perf_frame([]))
+    page = render_html(outcome, summary_frame(outcome.records[:0]), perf_result([]))
     assert "No A/A control in this run" in page
     assert "No request finished." in page
 
@@ -160,7 +159,7 @@ def test_a_run_without_a_replay_says_there_are_no_margins(make_record, tmp_path)
     outcome.replayed = {}
     outcome.drift = []
     summary = summary_frame(outcome.records, outcome.pairs)
-    page = render_html(outcome, summary, perf_frame(outcome.records))
+    page = render_html(outcome, summary, perf_result(outcome.records))
     drift = page.split('<section id="drift">')[1].split("</section>")[0]
     assert 'alt="greedy margin distribution"' not in drift
     assert "No greedy margins: no completion was replayed with top-k logprobs." in drift

@@ -12,7 +12,7 @@ from rig.report.files import seeds_table
 from rig.report.markdown import SUMMARY_MD_LIMIT, render_markdown
 from rig.verdict.initial_state import ChunkedPrefill, PromptChunks
 from rig.verdict.metrics import summary_frame
-from rig.verdict.perf import PlantedDelay, perf_frame
+from rig.verdict.perf import PlantedDelay, perf_result
 from tests.report.test_files import huge_run
 
 
@@ -32,7 +32,7 @@ def test_summary_markdown_flags_levels_with_jit_compilation(written):
 def test_summary_markdown_shows_the_aa_performance_floor(outcome):
     reference = [r for r in outcome.records if r.side == "reference" and r.level == 1]
     replay = [dataclasses.replace(r, side="reference-aa") for r in reference]
-    perf = perf_frame(outcome.records, replay, aa_concurrency=1)
+    perf = perf_result(outcome.records, replay, aa_concurrency=1)
     text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
     (line,) = [x for x in text.splitlines() if x.startswith("A/A performance floor")]
     # One replay of one level: a block pair, so a ratio and no interval.
@@ -50,7 +50,7 @@ def test_summary_markdown_sets_a_planted_slowdown_next_to_its_measurement(outcom
     ]
     requests = sum(r.side == "candidate" for r in records)
     planted = PlantedDelay("ref+delay-25ms", 25.0, {(1, 0): 2 * requests})
-    perf = perf_frame(records, planted=planted)
+    perf = perf_result(records, planted=planted)
     text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
     (line,) = [x for x in text.splitlines() if x.startswith("Planted slowdown")]
     assert line.startswith(
@@ -86,7 +86,7 @@ def test_summary_markdown_fits_a_pr_comment_whatever_the_run_size(
     monkeypatch.setattr(markdown, "SUMMARY_MD_LIMIT", limit)
     outcome = huge_run(make_record, tmp_path, levels, per_level)
     summary = summary_frame(outcome.records, outcome.pairs)
-    text = render_markdown(outcome, seeds_table(summary, perf_frame(outcome.records)))
+    text = render_markdown(outcome, seeds_table(summary))
     assert len(text) <= limit
     lines = text.splitlines()
     assert lines[0] == "## rig: unit (run-1)"

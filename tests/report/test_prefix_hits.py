@@ -10,6 +10,7 @@ import pandas as pd
 from rig.report.html import render_html
 from rig.report.markdown import render_markdown
 from rig.report.prefix_hits import hits_html, hits_markdown
+from rig.verdict.perf_records import PerfResult
 
 
 def turn_records(make_record, candidate_hits=(0, 1280)):
@@ -51,5 +52,5 @@ def test_single_requests_show_no_turn_tables(make_record):
 def test_whole_reports_carry_the_turn_tables(outcome, make_record):
     talk = replace(outcome, records=turn_records(make_record))
     assert "Prefix-cache hits by turn" in render_markdown(talk, pd.DataFrame())
-    page = render_html(talk, pd.DataFrame(), pd.DataFrame())
+    page = render_html(talk, pd.DataFrame(), PerfResult())
     assert "conversation turns hit by design" in page and "talk" in page

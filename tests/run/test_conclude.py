@@ -19,6 +19,7 @@ from rig.run.conclude import (
 )
 from rig.run.state import RunState
 from rig.verdict.gates import Counts, Gate, SideKernel, Verdict, VerdictWord
+from rig.verdict.perf_records import Metric
 from tests.run_fakes import run_context, scenario
 
 
@@ -160,7 +161,7 @@ def test_an_interrupted_run_gets_no_speed_word(tmp_path, make_record):
     outcome = build_outcome(ctx, timed_blocks(make_record), KERNELS, "interrupted (Ctrl-C)")
     assert not outcome.speed.measured
     assert outcome.speed.reason.startswith("not measured (the run did not complete: interrupted")
-    words = {outcome.perf.iloc[0][f"{m}_word"] for m in ("mean_ttft_ms", "mean_e2el_ms")}
+    words = {outcome.perf.get(1, m).word for m in (Metric.MEAN_TTFT, Metric.MEAN_E2EL)}
     assert words == {"not measured"}
 
 

@@ -1,7 +1,6 @@
 import math
 from dataclasses import replace
 
-import pandas as pd
 import pytest
 
 from rig.records import ExitCode
@@ -9,6 +8,8 @@ from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import Divergence, PairResult, Pathology
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import Gate, GateKind, SideKernel, VerdictWord, count, decide, verdict_word
+from rig.verdict.perf_records import Comparison, Metric, PerfResult
+from tests.perf_builders import changed, perf_level
 
 KERNELS = {
     "reference": SideKernel("reference", "fla", 12),
@@ -338,27 +339,28 @@ def test_no_floor_gate_without_its_factor_or_without_a_floor():
     assert FLOOR_GATE not in gate_names(no_floor)
 
 
+def changes(level: int, points: dict, comparison=Comparison.CANDIDATE):
+    """A level whose metrics changed by (point, low, high) percent."""
+    metrics = [changed(level, m, point, (low, high)) for m, (point, low, high) in points.items()]
+    return perf_level(level, *metrics, comparison=comparison)
+
+
 def test_performance_gate_compares_the_interval_not_the_point():
     """C=4's TTFT is 8% slower at the point but its interval reaches +3%: only a bound past
     the allowed regression fails. Throughput is oriented the other way."""
-    deltas = pd.DataFrame(
-        {
-            "level": [1, 4],
-            "mean_ttft_ms_change_pct": [1.0, 8.0],
-            "mean_ttft_ms_ci_low_pct": [-1.0, 3.0],
-            "mean_ttft_ms_ci_high_pct": [2.0, 13.0],
-            "output_throughput_change_pct": [0.0, -9.0],
-            "output_throughput_ci_low_pct": [-1.0, -12.0],
-            "output_throughput_ci_high_pct": [1.0, -6.0],
-        }
+    deltas = PerfResult(
+        (
+            changes(1, {Metric.MEAN_TTFT: (1, -1, 2), Metric.OUTPUT_THROUGHPUT: (0, -1, 1)}),
+            changes(4, {Metric.MEAN_TTFT: (8, 3, 13), Metric.OUTPUT_THROUGHPUT: (-9, -12, -6)}),
+        )
     )
-    failing = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=5))
+    failing = verdict(identical(1), perf=deltas, gates=GatesConfig(max_perf_regression_pct=5))
     assert not gate(failing, "performance").passed
     assert "output_throughput at C=4" in gate(failing, "performance").detail
     assert "+6.00%" in gate(failing, "performance").detail
-    passing = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=7))
+    passing = verdict(identical(1), perf=deltas, gates=GatesConfig(max_perf_regression_pct=7))
     assert gate(passing, "performance").passed  # the point (+8%, -9%) alone would fail
-    assert "performance" not in gate_names(verdict(identical(1), deltas=deltas))
+    assert "performance" not in gate_names(verdict(identical(1), perf=deltas))
 
 
 def test_count_sums_what_the_gates_need():
@@ -442,15 +444,13 @@ def test_the_word_follows_the_kind_of_the_failed_gate_not_its_name():
 
 
 def test_performance_gate_reads_only_the_candidate_rows():
-    deltas = pd.DataFrame(
-        {
-            "comparison": ["candidate/reference", "A/A"],
-            "level": [4, 4],
-            "mean_ttft_ms_ci_low_pct": [-1.0, 40.0],
-            "mean_ttft_ms_ci_high_pct": [1.0, 60.0],
-        }
+    deltas = PerfResult(
+        (
+            changes(4, {Metric.MEAN_TTFT: (0.0, -1.0, 1.0)}),
+            changes(4, {Metric.MEAN_TTFT: (50.0, 40.0, 60.0)}, Comparison.AA),
+        )
     )
-    result = verdict(identical(1), deltas=deltas, gates=GatesConfig(max_perf_regression_pct=5))
+    result = verdict(identical(1), perf=deltas, gates=GatesConfig(max_perf_regression_pct=5))
     assert gate(result, "performance").passed
 
 

@@ -5,14 +5,24 @@ one-line headline."""
 from dataclasses import replace
 
 import numpy as np
-import pandas as pd
 
 from rig.verdict.intervals import TimingDesign
-from rig.verdict.perf import CANDIDATE, FASTER, NOISE, SLOWER, UNEQUAL, perf_frame
+from rig.verdict.perf import perf_result
+from rig.verdict.perf_records import (
+    FASTER,
+    HEADLINE_METRICS,
+    NOISE,
+    NOT_JUDGED,
+    SLOWER,
+    UNEQUAL,
+    Comparison,
+    LevelComparison,
+    Metric,
+    MetricComparison,
+    PerfResult,
+)
 from rig.verdict.speed import (
     AA_ASYMMETRY,
-    HEADLINE_METRICS,
-    NOT_JUDGED,
     SpeedDesign,
     apply_design,
     level_resolution,
@@ -39,21 +49,34 @@ def test_each_interval_is_bonferroni_over_headline_metrics_and_levels():
     assert "family-wise 95% over 4 metrics x 3 level(s)" in design.describe(3)
 
 
-def frame(words: dict[str, str], level: int = 16, change: float = 8.5) -> pd.DataFrame:
-    row = {"comparison": CANDIDATE, "level": level}
-    for metric in (*HEADLINE_METRICS, "p99_ttft_ms"):
-        row |= {
-            f"{metric}_word": words.get(metric, NOISE),
-            f"{metric}_change_pct": change,
-            f"{metric}_ci_low_pct": 3.1,
-            f"{metric}_ci_high_pct": 14.2,
-        }
-    return pd.DataFrame([row])
+def candidate_level(
+    words: dict[Metric, str], level: int, change: float, low: float, high: float, repeats: int
+) -> LevelComparison:
+    """A candidate level whose headline metrics and p99 TTFT all changed by `change` percent
+    with the interval [low, high], and the given words (within noise by default)."""
+    metrics = tuple(
+        MetricComparison(
+            level, m, 1 + change / 100, (1 + low / 100, 1 + high / 100), words.get(m, NOISE)
+        )
+        for m in (*HEADLINE_METRICS, Metric.P99_TTFT)
+    )
+    return LevelComparison(Comparison.CANDIDATE, level, "block", repeats, 0, 32, 0, metrics)
+
+
+def frame(words: dict[Metric, str], level: int = 16, change: float = 8.5) -> PerfResult:
+    return PerfResult((candidate_level(words, level, change, 3.1, 14.2, repeats=2),))
+
+
+def words_of(perf: PerfResult) -> set[str]:
+    """Every headline metric's word at every level."""
+    return {
+        perf.get(lc.level, m, lc.comparison).word for lc in perf.levels for m in HEADLINE_METRICS
+    }
 
 
 def test_without_a_design_for_it_every_word_gives_way_and_the_headline_says_why():
-    words = apply_design(frame({"mean_ttft_ms": SLOWER}), speed_design(1, None))
-    assert set(words.filter(like="_word").iloc[0]) == {"not measured"}
+    words = apply_design(frame({Metric.MEAN_TTFT: SLOWER}), speed_design(1, None))
+    assert {c.word for c in words.levels[0].metrics} == {"not measured"}
     headline = speed_headline(words, speed_design(1, None))
     assert headline.startswith("speed: not measured (single run")
     assert "slower" not in headline and "faster" not in headline
@@ -62,15 +85,14 @@ def test_without_a_design_for_it_every_word_gives_way_and_the_headline_says_why(
 
 
 def test_metrics_outside_the_family_are_shown_not_judged():
-    words = apply_design(frame({"p99_ttft_ms": SLOWER}), SpeedDesign(True))
-    assert words.iloc[0]["p99_ttft_ms_word"] == NOT_JUDGED
-    assert words.iloc[0]["mean_ttft_ms_word"] == NOISE
+    words = apply_design(frame({Metric.P99_TTFT: SLOWER}), SpeedDesign(True))
+    assert words.get(16, Metric.P99_TTFT).word == NOT_JUDGED
+    assert words.get(16, Metric.MEAN_TTFT).word == NOISE
 
 
 def test_the_headline_names_what_changed_where_and_what_did_not():
-    rows = pd.concat(
-        [frame({"total_token_throughput": FASTER}, level=16), frame({}, level=1)],
-        ignore_index=True,
+    rows = PerfResult(
+        frame({Metric.TOTAL_TOKEN_THROUGHPUT: FASTER}, level=16).levels + frame({}, 1).levels
     )
     headline = speed_headline(rows, SpeedDesign(True))
     assert headline.startswith(
@@ -103,16 +125,17 @@ def test_an_aa_run_calls_nothing_faster_or_slower_at_the_stated_rate(make_record
     trials, runs_with_a_word, detected = 200, 0, 0
     for trial in range(trials):
         perf = apply_design(
-            perf_frame(simulated_run(make_record, trial), confidence=design.interval_confidence(2)),
+            perf_result(
+                simulated_run(make_record, trial), confidence=design.interval_confidence(2)
+            ),
             design,
         )
-        words = {perf.iloc[i][f"{m}_word"] for i in range(len(perf)) for m in HEADLINE_METRICS}
-        runs_with_a_word += words != {NOISE}
-        planted = perf_frame(
+        runs_with_a_word += words_of(perf) != {NOISE}
+        planted = perf_result(
             simulated_run(make_record, trial, levels=(1,), slower_s=0.040),
             confidence=design.interval_confidence(1),
         )
-        detected += planted.iloc[0]["mean_ttft_ms_word"] == SLOWER
+        detected += planted.get(1, Metric.MEAN_TTFT).word == SLOWER
     assert runs_with_a_word <= 0.07 * trials, runs_with_a_word
     assert detected >= 0.35 * trials, detected
 
@@ -128,14 +151,14 @@ def test_the_repeats_a_speed_word_needs_grow_with_spread_and_levels():
 def test_no_word_where_the_run_does_not_support_one():
     """An interrupted run, a candidate that is NOT equivalent, a reference from the golden cache:
     the numbers stay, every word gives way, and the headline says why."""
-    rows = frame({"mean_ttft_ms": SLOWER, "total_token_throughput": FASTER})
+    rows = frame({Metric.MEAN_TTFT: SLOWER, Metric.TOTAL_TOKEN_THROUGHPUT: FASTER})
     for design, start in (
         (speed_design(6, None, interrupted="interrupted (Ctrl-C)"), "not measured (the run did"),
         (speed_design(6, None, not_equivalent=True), "not comparable (outputs differ"),
         (speed_design(6, "run-1"), "not comparable (reference from the golden cache"),
     ):
         words = apply_design(rows, design)
-        assert {words.iloc[0][f"{m}_word"] for m in HEADLINE_METRICS} == {design.word}
+        assert words_of(words) == {design.word}
         headline = speed_headline(words, design)
         assert headline.startswith(f"speed: {start}"), headline
         assert "slower" not in headline and "faster" not in headline
@@ -145,37 +168,30 @@ def test_an_aa_run_never_says_faster_or_slower():
     """Both sides ran the same kernel: an interval that excludes no change says the schedule or
     the machine favours a side, and is called that."""
     design = speed_design(6, None, aa_run=True)
-    words = apply_design(frame({"mean_ttft_ms": SLOWER, "total_token_throughput": FASTER}), design)
-    assert words.iloc[0]["mean_ttft_ms_word"] == AA_ASYMMETRY
+    changed = {Metric.MEAN_TTFT: SLOWER, Metric.TOTAL_TOKEN_THROUGHPUT: FASTER}
+    words = apply_design(frame(changed), design)
+    assert words.get(16, Metric.MEAN_TTFT).word == AA_ASYMMETRY
+    assert words.get(16, Metric.TOTAL_TOKEN_THROUGHPUT).word == AA_ASYMMETRY
     headline = speed_headline(words, design)
     assert headline.startswith("speed: A/A run: ")
     assert " slower" not in headline and " faster" not in headline
 
 
 def test_levels_without_an_interval_say_why_in_the_headline():
-    rows = pd.concat(
-        [frame({m: UNEQUAL for m in HEADLINE_METRICS}, level=16), frame({}, level=1)],
-        ignore_index=True,
+    rows = PerfResult(
+        frame(dict.fromkeys(HEADLINE_METRICS, UNEQUAL), level=16).levels + frame({}, 1).levels
     )
     headline = speed_headline(rows, SpeedDesign(True))
     assert "TTFT within noise at C1; not comparable: outputs differ at C16" in headline
 
 
-def resolved_frame(half: float, level: int = 1, repeats: int = 8) -> pd.DataFrame:
-    row = {"comparison": CANDIDATE, "level": level, "repeats": repeats}
-    for metric in HEADLINE_METRICS:
-        row |= {
-            f"{metric}_word": NOISE,
-            f"{metric}_change_pct": 0.5,
-            f"{metric}_ci_low_pct": 0.5 - half,
-            f"{metric}_ci_high_pct": 0.5 + half,
-        }
-    return pd.DataFrame([row])
+def resolved_frame(half: float, level: int = 1, repeats: int = 8) -> PerfResult:
+    return PerfResult((candidate_level({}, level, 0.5, 0.5 - half, 0.5 + half, repeats),))
 
 
 def test_the_headline_says_whether_each_level_reached_the_resolution():
     design = SpeedDesign(True, resolution_pct=3.0, budget_s=300)
-    rows = pd.concat([resolved_frame(2.4), resolved_frame(4.2, level=16, repeats=40)])
+    rows = PerfResult(resolved_frame(2.4).levels + resolved_frame(4.2, level=16, repeats=40).levels)
     headline = speed_headline(rows, design)
     assert "resolved to ±3 % at C1 (8 blocks)" in headline
     assert "not resolved to ±3 % within the 300 s budget at C16 (40 blocks): widest" in headline

@@ -1,0 +1,31 @@
+"""Typed perf records built for tests: a metric changed by a given percent with its interval,
+and a level of such metrics, as rig/verdict/perf.py would hand them on."""
+
+from rig.verdict.perf_records import NOISE, Comparison, LevelComparison, Metric, MetricComparison
+
+
+def changed(
+    level: int,
+    metric: Metric,
+    point: float,
+    interval: tuple[float, float] | None = None,
+    word: str = NOISE,
+    sides: tuple[float, float] | None = None,
+) -> MetricComparison:
+    """`metric` at `level` changed by `point` percent, its interval [low, high] in percent
+    (None: no interval), and for a server metric each side's mean."""
+    ratio_interval = None if interval is None else tuple(1 + bound / 100 for bound in interval)
+    reference, candidate = sides if sides is not None else (None, None)
+    return MetricComparison(
+        level, metric, 1 + point / 100, ratio_interval, word, reference, candidate
+    )
+
+
+def perf_level(
+    level: int,
+    *metrics: MetricComparison,
+    comparison: Comparison = Comparison.CANDIDATE,
+    repeats: int = 2,
+    excluded: int = 0,
+) -> LevelComparison:
+    return LevelComparison(comparison, level, "block", repeats, excluded, 10 * repeats, 0, metrics)
