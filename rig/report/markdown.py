@@ -17,7 +17,8 @@ from rig.verdict.gates import SideKernel, Verdict
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf_records import SERVER_METRICS, Metric, MetricComparison, PerfResult
 
-# The metrics a level's Markdown row shows, and what the A/A floor's line calls them.
+# The metrics a level's Markdown row shows, and the names the A/A floor's and a planted
+# slowdown's lines give them.
 ROW_DELTAS = (Metric.MEAN_TTFT, Metric.MEAN_E2EL, Metric.TOTAL_TOKEN_THROUGHPUT)
 FLOOR_NAMES = {
     Metric.MEAN_TTFT: "TTFT",

@@ -63,14 +63,11 @@ def test_a_planted_slowdown_is_slower_and_its_interval_covers_it(level):
     reference = two_repeats(level, "reference", 200, 0.100, 1)
     candidate = two_repeats(level, "candidate", 200, 0.115, 3)
     (row,) = compare_levels(reference, candidate)
-    assert row.get(Metric.MEAN_TTFT).word == SLOWER
-    assert (
-        row.get(Metric.MEAN_TTFT).interval_pct[0] < 15.0 < row.get(Metric.MEAN_TTFT).interval_pct[1]
-    )
-    assert row.get(Metric.MEAN_TTFT).interval[0] > 1  # the ratio's interval, same bounds
-    assert row.get(Metric.MEAN_TTFT).change_pct == pytest.approx(
-        (row.get(Metric.MEAN_TTFT).ratio - 1) * 100
-    )
+    ttft = row.get(Metric.MEAN_TTFT)
+    assert ttft.word == SLOWER
+    assert ttft.interval_pct[0] < 15.0 < ttft.interval_pct[1]
+    assert ttft.interval[0] > 1  # the ratio's interval, same bounds
+    assert ttft.change_pct == pytest.approx((ttft.ratio - 1) * 100)
     assert row.get(Metric.MEAN_ITL).word == NOISE  # decode untouched: ratio exactly 1
     assert row.get(Metric.MEAN_ITL).ratio == pytest.approx(1.0)
     assert row.repeats == 2 and row.requests == 400
@@ -178,9 +175,10 @@ def test_one_block_pair_is_a_ratio_without_an_interval(level):
     units, so one block pair gives the ratio and no interval, whatever the request count."""
     ttfts = [0.01] * 5 + [1.0]
     (row,) = compare_levels(level("reference", ttfts), level("candidate", [t * 1.1 for t in ttfts]))
-    assert row.get(Metric.MEAN_TTFT).ratio == pytest.approx(1.1)
-    assert row.get(Metric.MEAN_TTFT).word == ONE_BLOCK
-    assert row.get(Metric.MEAN_TTFT).interval is None and row.unit == "block"
+    ttft = row.get(Metric.MEAN_TTFT)
+    assert ttft.ratio == pytest.approx(1.1)
+    assert ttft.word == ONE_BLOCK
+    assert ttft.interval is None and row.unit == "block"
 
 
 def test_unequal_work_gets_no_interval_and_no_word(level):
@@ -245,14 +243,13 @@ def test_a_sequential_design_takes_the_spread_from_stage_one(level):
     logs = np.log(slower)
     resolved = TimingDesign(stage_one_blocks=3, resolution_pct=20.0)
     (row,) = compare_levels(reference, candidate, timing=resolved)
+    ttft = row.get(Metric.MEAN_TTFT)
     half = t_quantile(0.975, 2) * logs[:3].std(ddof=1) / math.sqrt(6)
-    assert row.get(Metric.MEAN_TTFT).ratio == pytest.approx(math.exp(logs.mean()))
-    assert row.get(Metric.MEAN_TTFT).interval[1] == pytest.approx(
-        math.exp(logs.mean() + half), rel=1e-6
-    )
+    assert ttft.ratio == pytest.approx(math.exp(logs.mean()))
+    assert ttft.interval[1] == pytest.approx(math.exp(logs.mean() + half), rel=1e-6)
     budget_ended = TimingDesign(stage_one_blocks=3, resolution_pct=0.1)
     (again,) = compare_levels(reference, candidate, timing=budget_ended)
-    assert again.get(Metric.MEAN_TTFT).interval[1] == row.get(Metric.MEAN_TTFT).interval[1]
+    assert again.get(Metric.MEAN_TTFT).interval[1] == ttft.interval[1]
 
 
 def test_a_planted_delay_is_sized_from_the_calls_counted_and_the_reference_measured(level):
@@ -338,13 +335,10 @@ def test_the_interval_over_repeats_is_students_t_on_log_ratios(level):
         for r in level("candidate", [0.1 * slower] * 10, repeat=k)
     ]  # fmt: skip
     (row,) = compare_levels(reference, candidate)
+    ttft = row.get(Metric.MEAN_TTFT)
     logs = np.log([1.2, 1.25, 1.3])
     half = 4.303 * logs.std(ddof=1) / math.sqrt(3)
-    assert row.get(Metric.MEAN_TTFT).ratio == pytest.approx(math.exp(logs.mean()))
-    assert row.get(Metric.MEAN_TTFT).interval[0] == pytest.approx(
-        math.exp(logs.mean() - half), rel=1e-4
-    )
-    assert row.get(Metric.MEAN_TTFT).interval[1] == pytest.approx(
-        math.exp(logs.mean() + half), rel=1e-4
-    )
-    assert row.get(Metric.MEAN_TTFT).word == SLOWER
+    assert ttft.ratio == pytest.approx(math.exp(logs.mean()))
+    assert ttft.interval[0] == pytest.approx(math.exp(logs.mean() - half), rel=1e-4)
+    assert ttft.interval[1] == pytest.approx(math.exp(logs.mean() + half), rel=1e-4)
+    assert ttft.word == SLOWER
