@@ -190,7 +190,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     out = outcome.run_dir
     out.mkdir(parents=True, exist_ok=True)
     requests, summary = outcome.requests, outcome.summary
-    perf = outcome.perf if outcome.perf is not None else PerfResult()
+    perf = outcome.perf
     table = seeds_table(summary)
     drift = drift_frame(outcome.drift)
     mismatches = pd.DataFrame([p.as_row() for p in outcome.pairs if not p.identical])

@@ -31,8 +31,6 @@ LEVEL_COLUMNS = (
     ("output_throughput", "output", "tok/s"),
     ("total_token_throughput", "total", "tok/s"),
 )
-# The servers' own timings per block (rig/verdict/server_side.py): each side's mean, the change.
-SERVER_COLUMNS = SERVER_METRICS
 
 
 def _spread(values: pd.Series) -> float | None:
@@ -104,7 +102,7 @@ def delta_table(levels: tuple[LevelComparison, ...]) -> str:
 
 def _server_row(level: LevelComparison) -> str:
     cells = cell(level.level, level.level, "num")
-    for metric in SERVER_COLUMNS:
+    for metric in SERVER_METRICS:
         compared = level.get(metric)
         if compared is None:
             cells += cell(f"{DASH} → {DASH}", None, "num")
@@ -120,10 +118,10 @@ def _server_row(level: LevelComparison) -> str:
 def server_table(perf: PerfResult) -> str:
     """The servers' own timings per level, reference → candidate, and the change (not judged);
     empty when no server published the GDN prefill time."""
-    if not any(level.get(SERVER_COLUMNS[0]) for level in perf.levels):
+    if not any(level.get(SERVER_METRICS[0]) for level in perf.levels):
         return ""
     rows = [_server_row(level) for level in perf.candidate]
-    return table(["level"] + [m.label for m in SERVER_COLUMNS], rows)
+    return table(["level"] + [m.label for m in SERVER_METRICS], rows)
 
 
 def _interval_note(outcome, perf: PerfResult) -> str:

@@ -167,7 +167,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     if outcome.chunked_prefill is not None:
         head += [_clip(f"Chunked prefill: {outcome.chunked_prefill.describe()}"), ""]
     head += _jit_lines(outcome.compiled_blocks)
-    perf = outcome.perf if outcome.perf is not None else PerfResult()
+    perf = outcome.perf
     head += _server_lines(perf)
     head += _aa_floor_lines(perf)
     head += _planted_lines(perf)

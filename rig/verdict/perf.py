@@ -288,13 +288,6 @@ def _point_ratios(blocks: LevelBlocks) -> dict[Metric, float]:
         }
 
 
-def _comparison(
-    level: int, metric: Metric, ratio: float, low: float, high: float, text: str
-) -> MetricComparison:
-    interval = None if math.isnan(low) or math.isnan(high) else (low, high)
-    return MetricComparison(level, metric, ratio, interval, text)
-
-
 def _level_metrics(
     blocks: LevelBlocks, unequal: int, timing: TimingDesign, confidence: float
 ) -> tuple[MetricComparison, ...]:
@@ -306,14 +299,16 @@ def _level_metrics(
         if unequal or estimate is None:
             text = UNEQUAL if unequal else ONE_BLOCK
             metrics.append(
-                _comparison(blocks.level, metric, points[metric], math.nan, math.nan, text)
+                MetricComparison.from_bounds(
+                    blocks.level, metric, points[metric], math.nan, math.nan, text
+                )
             )
             continue
         ratio, low, high = estimate.interval(confidence)
         if len(blocks.pairs) < 2:
             low = high = math.nan
         text = word(metric.lower_is_better, low, high) if np.isfinite(low) else ONE_BLOCK
-        metrics.append(_comparison(blocks.level, metric, ratio, low, high, text))
+        metrics.append(MetricComparison.from_bounds(blocks.level, metric, ratio, low, high, text))
     return tuple(metrics)
 
 

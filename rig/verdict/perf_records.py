@@ -90,6 +90,14 @@ class MetricComparison:
     reference: float | None = None
     candidate: float | None = None
 
+    @classmethod
+    def from_bounds(
+        cls, level: int, metric: Metric, ratio: float, low: float, high: float, word: str, **sides
+    ) -> MetricComparison:
+        """From an estimate's ratio and bounds: NaN bounds (no interval) become None."""
+        interval = None if math.isnan(low) or math.isnan(high) else (low, high)
+        return cls(level, metric, ratio, interval, word, **sides)
+
     @property
     def unit(self) -> str:
         return self.metric.unit

@@ -69,13 +69,13 @@ def server_comparisons(
             if estimate is not None and len(both) >= 2
             else (float(np.nanmean(cand) / np.nanmean(ref)), math.nan, math.nan)
         )
-        interval = None if math.isnan(low) or math.isnan(high) else (low, high)
         compared.append(
-            MetricComparison(
+            MetricComparison.from_bounds(
                 level,
                 metric,
                 ratio,
-                interval,
+                low,
+                high,
                 NOT_JUDGED,
                 reference=float(np.nanmean(ref)),
                 candidate=float(np.nanmean(cand)),
