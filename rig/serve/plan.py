@@ -200,6 +200,10 @@ def serve_argv(
     for flag, value in flags.items():
         if value is not None:
             argv += [flag, str(value)]
+    if scenario.gates.min_prefix_cache_hits is not None:
+        # vLLM's CUDA build leaves prefix caching off for hybrid models unless asked (0.26.0:
+        # `default_prefix_caching = ... and not is_hybrid`); hits are what this scenario tests.
+        argv.append("--enable-prefix-caching")
     if model.enforce_eager:
         argv.append("--enforce-eager")
     return argv

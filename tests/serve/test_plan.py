@@ -1,7 +1,10 @@
 """Server planning without vLLM: argv/env identical except declared differences, placement on
 disjoint cores or GPUs, replica pairs, and the API key kept off the command line."""
 
+from pathlib import Path
+
 from rig.scenario.config import Scenario
+from rig.scenario.loader import load_scenario
 from rig.serve.hardware import Hardware
 from rig.serve.plan import plan_servers
 from rig.serve.servers import ServerSet
@@ -102,3 +105,18 @@ def test_the_api_key_reaches_vllm_through_its_environment_never_argv(tmp_path):
     assert candidate.redacted_env()["VLLM_API_KEY"] == "<redacted>"
     assert "sk-secret" not in repr(candidate.api_key)
     assert "VLLM_API_KEY" not in plans["reference"].env
+
+
+def test_prefix_caching_is_asked_for_only_where_hits_are_the_test(tmp_path):
+    """vLLM's CUDA build leaves it off for hybrid models; a user's serve_args still win."""
+    hardware = Hardware(gpu_count=0, cpu_ids=(0, 1))
+    plain = plan_servers(scenario(), "/m", tmp_path, hardware)
+    assert "--enable-prefix-caching" not in plain.servers["reference"].argv
+    turns = load_scenario(
+        Path("scenarios/multi-turn.yaml"),
+        ['candidate.serve_args=["--no-enable-prefix-caching"]'],
+    )
+    plan = plan_servers(turns, "/m", tmp_path, hardware)
+    ref, cand = plan.servers["reference"].argv, plan.servers["candidate"].argv
+    assert "--enable-prefix-caching" in ref and "--no-enable-prefix-caching" not in ref
+    assert cand.index("--no-enable-prefix-caching") > cand.index("--enable-prefix-caching")
