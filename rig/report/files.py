@@ -222,6 +222,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
         kernels={side: asdict(k) for side, k in outcome.kernels.items()},
         timings=outcome.timings,
         speed=speed_headline(perf, outcome.speed),
+        self_check=outcome.self_check.counts.as_dict() if outcome.self_check else None,
         error=outcome.error,
         exit_code=int(outcome.verdict.exit_code(outcome.error)),
     )

@@ -54,7 +54,8 @@ def navigation(outcome) -> str:
 
 
 def headline_texts(outcome) -> list[str]:
-    """The speed line, the kind of comparison, the reference's source: under the word."""
+    """The speed line, the kind of comparison, the reference's source, the candidate
+    self-check: under the word."""
     perf = outcome.perf if outcome.perf is not None else PerfResult()
     timing = f"timing: {outcome.load_schedule}" if outcome.load_schedule else ""
     texts = [
@@ -62,6 +63,7 @@ def headline_texts(outcome) -> list[str]:
         timing,
         outcome.comparison,
         outcome.reference_source,
+        outcome.self_check.describe() if outcome.self_check is not None else "",
     ]
     return [text for text in texts if text]
 

@@ -14,6 +14,7 @@ from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
 from rig.run.replay import AA_SIDE, aa_concurrency
+from rig.run.self_check import batched_answers
 from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.logs import ADVISORY_LOG_KINDS
@@ -27,6 +28,7 @@ from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import perf_result
 from rig.verdict.planted import PlantedDelay
 from rig.verdict.prefix_hits import conversation_hits_gate
+from rig.verdict.self_check import ALONE_SIDE, self_check
 from rig.verdict.speed import SpeedDesign, apply_design, speed_design
 
 
@@ -225,6 +227,17 @@ def build_outcome(
         aa_drift = side_drift(state, AA_SIDE)
     hits = sum(p.hits for p in state.server_deltas)
     workload = scenario.workload
+    candidate_alone = None
+    if state.alone_records:
+        level = max(workload.concurrency)
+        candidate_alone = self_check(
+            batched_answers(state, level),
+            state.alone_records,
+            level,
+            scenario.gates.near_tie_margin,
+            workload.max_tokens,
+            {Side.CANDIDATE: state.alone_replayed, ALONE_SIDE: state.alone_replayed},
+        )
     timing = timing_design(ctx, state.server_deltas, state.faults)
     raw_perf = perf_result(
         state.records,
@@ -300,6 +313,7 @@ def build_outcome(
         verdict=verdict,
         aa_pairs=aa_pairs,
         aa_drift=aa_drift,
+        self_check=candidate_alone,
         timings=state.timings,
         perf=perf,
         error=error,

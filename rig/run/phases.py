@@ -1,5 +1,6 @@
 """The run's schedule: which servers start when, and what each start runs before they stop
-(load levels, then on a phase's first start the drift replay and the A/A control)."""
+(load levels, then on a phase's first start the drift replay, the A/A control and the
+candidate self-check)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class PhaseSteps:
     load: Callable[[dict[str, Server], list[tuple[int, int]]], None]
     drift: Callable[[dict[str, Server]], None]  # the round's first replica pair, by side
     aa: Callable[[Server], None]  # the reference server of that pair
+    self_check: Callable[[Server], None]  # the candidate server of that pair
     proofs: Callable[[dict[str, Server]], None]
 
 
@@ -81,6 +83,8 @@ def run_phases(
                 steps.drift(first_pair)
                 if scenario.control.aa and Side.REFERENCE in first_pair:
                     steps.aa(first_pair[Side.REFERENCE])
+                if scenario.control.self_check and Side.CANDIDATE in first_pair:
+                    steps.self_check(first_pair[Side.CANDIDATE])
             steps.proofs(servers)
             for label in planned.servers:
                 state.add_timing(f"{label}_server_s", time.monotonic() - started)

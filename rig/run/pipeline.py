@@ -30,6 +30,7 @@ from rig.run.golden import GoldenLookup, cost_comparison, lookup_golden, store_g
 from rig.run.load_phase import run_load
 from rig.run.phases import PhaseSteps, read_proofs, run_phases
 from rig.run.replay import run_aa, run_drift
+from rig.run.self_check import run_self_check
 from rig.run.state import (
     RecordSink,
     RunContext,
@@ -103,6 +104,7 @@ class Runner:
             load=partial(run_load, ctx, self.journal),
             drift=partial(run_drift, ctx, state),
             aa=partial(run_aa, ctx, state),
+            self_check=partial(run_self_check, ctx, state),
             proofs=partial(read_proofs, state),
         )
         run_phases(ctx, self.done_levels, state, steps)

@@ -13,7 +13,15 @@ from typing import BinaryIO
 from kernels.proof import KernelProof
 from rig.load.replay_records import ForcedLogprobs, ForcedSequence
 from rig.manifest_record import RunManifest
-from rig.records import REQUESTS_FILE, LevelFault, RequestRecord, ServerDelta, read_records
+from rig.records import (
+    REQUESTS_FILE,
+    CompletionKey,
+    LevelFault,
+    RequestRecord,
+    ServerDelta,
+    TokenLogprob,
+    read_records,
+)
 from rig.run.manifest import build_manifest
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.conversations import Conversation
@@ -49,6 +57,8 @@ class RunState:
 
     records: list[RequestRecord] = field(default_factory=list)
     aa_records: list[RequestRecord] = field(default_factory=list)
+    alone_records: list[RequestRecord] = field(default_factory=list)  # control.self_check
+    alone_replayed: dict[CompletionKey, list[TokenLogprob]] = field(default_factory=dict)
     server_deltas: list[ServerDelta] = field(default_factory=list)
     faults: list[LevelFault] = field(default_factory=list)
     sequences: list[ForcedSequence] = field(default_factory=list)

@@ -309,10 +309,14 @@ class DriftConfig(StrictModel):
 
 
 class ControlConfig(StrictModel):
-    """A/A control: the reference against itself, to measure the noise floor."""
+    """A/A control: the reference against itself, to measure the noise floor; the candidate
+    self-check: its own answers alone against those in full batches."""
 
     aa: bool = False
     aa_concurrency: int | None = Field(None, gt=0)
+    self_check: bool = Field(
+        False, description="the candidate's highest level sent again alone, compared; not gated"
+    )
 
 
 def model_mapping(value: Any) -> Any:
@@ -367,7 +371,7 @@ class Scenario(StrictModel):
     @model_validator(mode="after")
     def _requests_sourced(self) -> Scenario:
         floor = self.gates.min_prefix_cache_hits
-        problem = source_problem(self.workload, floor, self.control.aa) or step_budget_problem(
+        problem = source_problem(self.workload, floor, self.control) or step_budget_problem(
             self.workload, self.model
         )
         if problem:

@@ -48,16 +48,20 @@ class ConversationSource(StrictModel):
     seed: int = 0
 
 
-def source_problem(workload, hit_floor: int | None, aa_control: bool) -> str | None:
-    """What is wrong with a workload's request sources and the hit floor, in one line."""
+def source_problem(workload, hit_floor: int | None, control) -> str | None:
+    """What is wrong with a workload's request sources, the hit floor and the controls that
+    replay its requests, in one line."""
     if bool(workload.prompts) == (workload.conversations is not None):
         return "workload: needs exactly one of 'prompts' or 'conversations'"
     if workload.conversations is not None and workload.requests_per_level is not None:
         return "workload.requests_per_level: conversations send every turn once a level"
     if workload.conversations is not None and workload.warmup_requests not in (None, 0):
         return "workload.warmup_requests: conversations warm up with every turn (0: none)"
-    if workload.conversations is not None and aa_control:
-        return "control.aa: not with workload.conversations (it replays single requests)"
+    if workload.conversations is not None and (control.aa or control.self_check):
+        name = "control.aa" if control.aa else "control.self_check"
+        return f"{name}: not with workload.conversations (it replays single requests)"
+    if control.self_check and max(workload.concurrency) < 2:
+        return "control.self_check: needs a level above C=1 (it sends that level's requests alone)"
     if (workload.conversations is None) != (hit_floor is None):
         return (
             "workload.conversations and gates.min_prefix_cache_hits go together (the floor "

@@ -19,6 +19,7 @@ from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.metrics import request_frame, summary_frame
 from rig.verdict.perf import perf_result
 from rig.verdict.perf_records import PerfResult
+from rig.verdict.self_check import SelfCheck
 from rig.verdict.speed import SpeedDesign
 
 
@@ -39,6 +40,7 @@ class RunOutcome:
     verdict: Verdict
     aa_pairs: list[PairResult] | None = None
     aa_drift: list[DriftResult] | None = None
+    self_check: SelfCheck | None = None  # control.self_check: shown, never gated
     timings: dict[str, float] = field(default_factory=dict)
     # rig.verdict.perf.perf_result, with the A/A floor when it ran; the records' alone if not given
     perf: PerfResult | None = None

@@ -40,6 +40,7 @@ def scheduled(tmp_path):
         load=noting_load,
         drift=lambda pair: events.append(("drift", *pair)),
         aa=lambda reference: events.append(("aa",)),
+        self_check=lambda candidate: events.append(("self-check", candidate.plan.side)),
         proofs=lambda servers: None,
     )
 
@@ -55,7 +56,7 @@ def scheduled(tmp_path):
             Hardware(gpu_count=0, cpu_ids=cores),
             workload=workload,
             candidate={"kernel": "ns4"},
-            control={"aa": True},
+            control={"aa": True, "self_check": True},
         )
         state = RunState()
         events.clear()
@@ -74,7 +75,7 @@ def test_sequential_sides_interleave_their_repeats_restarting_the_servers(schedu
         ("start", ref), ("level", ref, "C1", "r0"), ("level", ref, "C4", "r0"),
         ("drift", ref), ("aa",), ("stop", ref),
         ("start", cand), ("level", cand, "C1", "r0"), ("level", cand, "C4", "r0"),
-        ("drift", cand), ("stop", cand),
+        ("drift", cand), ("self-check", cand), ("stop", cand),
         ("start", ref), ("level", ref, "C1", "r1"), ("level", ref, "C4", "r1"), ("stop", ref),
         ("start", cand), ("level", cand, "C1", "r1"), ("level", cand, "C4", "r1"), ("stop", cand),
     ]  # fmt: skip
@@ -107,7 +108,7 @@ def test_resumed_interleaved_run_starts_only_the_rounds_it_still_needs(scheduled
     # every level kept: each side starts once more, last, for its drift replay (and the A/A)
     assert [e for e in events if e[0] != "stop"] == [
         ("start", "reference"), ("drift", "reference"), ("aa",),
-        ("start", "candidate"), ("drift", "candidate"),
+        ("start", "candidate"), ("drift", "candidate"), ("self-check", "candidate"),
     ]  # fmt: skip
 
 

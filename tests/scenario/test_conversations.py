@@ -131,6 +131,18 @@ TALKS = {"conversations": {"path": str(SHIPPED)}}
             "requests_per_level",
         ),
         (TALKS, {"min_prefix_cache_hits": 5}, {"control": {"aa": True}}, "control.aa"),
+        (
+            {**TALKS, "concurrency": [2]},
+            {"min_prefix_cache_hits": 5},
+            {"control": {"self_check": True}},
+            "control.self_check: not with workload.conversations",
+        ),
+        (
+            {"prompts": [{"long_tokens": [10]}]},
+            {},
+            {"control": {"self_check": True}},
+            "control.self_check: needs a level above C=1",
+        ),
         ({**TALKS, "warmup_requests": 2}, {"min_prefix_cache_hits": 5}, {}, "every turn"),
         (TALKS, {"min_prefix_cache_hits": 5}, {"model": {}}, "max_num_batched_tokens"),
         (
@@ -144,6 +156,11 @@ TALKS = {"conversations": {"path": str(SHIPPED)}}
 def test_scenario_keys_that_do_not_go_together_are_refused(workload, gates, more, problem):
     with pytest.raises(ValueError, match=problem):
         scenario(workload, gates, **more)
+
+
+def test_a_self_check_needs_a_batched_level_to_compare():
+    prompts = {"prompts": [{"long_tokens": [10]}], "concurrency": [1, 4]}
+    assert scenario(prompts, control={"self_check": True}).control.self_check
 
 
 def test_conversations_with_a_floor_validate():
