@@ -196,6 +196,9 @@ def resolution_text(levels: tuple[LevelComparison, ...], design: SpeedDesign) ->
     return text
 
 
+USEFUL_BOUND_PCT = 100.0  # a bound that leaves a doubling open says nothing worth a number
+
+
 def noninferiority_text(levels: tuple[LevelComparison, ...], design: SpeedDesign) -> str:
     """`not slower than X %`: the largest slowdown any headline interval at any level leaves
     open, when every one of them has an interval (family-wise, as the words); none in an A/A
@@ -203,6 +206,9 @@ def noninferiority_text(levels: tuple[LevelComparison, ...], design: SpeedDesign
     bounds = [c.most_slowdown_pct for level in levels for c in _headline(level)]
     if design.aa_run or not bounds or any(not np.isfinite(b) for b in bounds):
         return ""
+    if max(bounds) > USEFUL_BOUND_PCT:  # t with one or two degrees of freedom: say so instead
+        fewest = min(level.repeats for level in levels)
+        return f"no bound on a slowdown below +{USEFUL_BOUND_PCT:g} % from {fewest} blocks"
     return f"not slower than {max(bounds):+.1f} % on any headline metric at any level"
 
 

@@ -198,6 +198,14 @@ def test_the_headline_says_whether_each_level_reached_the_resolution():
     assert "not slower than +4.7 % on any headline metric at any level" in headline
 
 
+def test_a_bound_from_too_few_blocks_is_not_given_as_a_number():
+    """Two blocks give t with one degree of freedom: a bound of +3e28 % is true and useless."""
+    design = SpeedDesign(True, resolution_pct=3.0)
+    headline = speed_headline(PerfResult(resolved_frame(3e28, repeats=2).levels), design)
+    assert "no bound on a slowdown below +100 % from 2 blocks" in headline
+    assert "not slower than" not in headline
+
+
 def test_a_level_is_resolved_once_it_has_the_blocks_steins_rule_asks_for(make_record):
     """Stage one (4 blocks) of ratios spread by ~0.5 %: the blocks needed follow from that
     spread; with those blocks kept the level is resolved."""
