@@ -5,8 +5,10 @@ with N milliseconds of sleep added to every prefill call, a slowdown of known si
 initial-state control `ns<R>+drop-state` (every sequence starts from zero, as a kernel that
 ignores the state it is given) and `ns<R>+bf16-state` (the state rounded to BF16 on the way
 in, as the seeds' fused kernel did before its inter-chunk term), faults planted on the way into
-an untouched kernel; and a kernel engineer's own function, `module:function` or a name under
-the entry point group `rig.kernels` (kernels/functions.py)."""
+an untouched kernel; the batch control `ns<R>+batch-skew` (right for a call's first sequence,
+wrong for the others: what the candidate self-check must see); and a kernel engineer's own
+function, `module:function` or a name under the entry point group `rig.kernels`
+(kernels/functions.py)."""
 
 import functools
 import hashlib
@@ -38,9 +40,10 @@ CPU_SOURCES = ("ns_torch.py", "gdn_inputs.py")
 CUDA_SOURCES = ("ns_triton.py", "ns_triton_device.py")
 PLANTED_SOURCES = ("registry.py",)  # where the delay and the state faults are added
 STATE_FAULTS = ("drop", "bf16")  # ns<R>+<fault>-state: planted_initial_state
+BATCH_SKEW = -4.0  # ns<R>+batch-skew: skew_later_sequences
 _NAME = re.compile(
-    r"(?:ns(?P<rounds>[1-9][0-9]*)|(?P<ref>ref))"
-    r"(?:\+(?P<fault>drop|bf16)-state)?(?:\+delay-(?P<delay>\d+(?:\.\d+)?)ms)?"
+    r"(?:ns(?P<rounds>[1-9][0-9]*)|(?P<ref>ref))(?:\+(?P<fault>drop|bf16)-state)?"
+    r"(?P<skew>\+batch-skew)?(?:\+delay-(?P<delay>\d+(?:\.\d+)?)ms)?"
 )
 
 
@@ -55,6 +58,7 @@ class KernelSpec:
     delay_ms: float = 0.0  # slept after every prefill call
     function: str | None = None  # `module:function` of a kernel engineer's own kernel
     state_fault: str | None = None  # one of STATE_FAULTS: planted on the initial state
+    batch_skew: bool = False  # planted on the output of a call's later sequences
 
     @property
     def delay_s(self) -> float:
@@ -83,7 +87,7 @@ class KernelSpec:
         )
         if op is None:
             raise ValueError(f"{self.name} runs vLLM's own kernel: pass it as `reference`")
-        return self.delayed(op)
+        return self.delayed(_skewed_cpu_op(op) if self.batch_skew else op)
 
     def fla_contract_function(self) -> Callable:
         """Replacement for FLA's `chunk_gated_delta_rule` as vLLM's CUDA path calls it: Triton
@@ -94,7 +98,10 @@ class KernelSpec:
             raise ValueError(f"{self.name} runs vLLM's own kernel, not an FLA-contract function")
         return self.delayed(
             functools.partial(
-                _fla_contract, ns_rounds=self.ns_rounds, state_fault=self._state_fault()
+                _fla_contract,
+                ns_rounds=self.ns_rounds,
+                state_fault=self._state_fault(),
+                batch_skew=self.batch_skew,
             )
         )
 
@@ -128,7 +135,7 @@ class KernelSpec:
             found = source_file(self.loaded_function())
             return sha256_of_files([found] if found else [])
         sources = _sources(platform) if self.ns_rounds is not None else ()
-        if self.delay_ms or self.state_fault:
+        if self.delay_ms or self.state_fault or self.batch_skew:
             sources += PLANTED_SOURCES
         return sha256_of_files([KERNEL_DIR / f for f in sources])
 
@@ -152,14 +159,40 @@ def planted_initial_state(state: torch.Tensor, fault: str) -> torch.Tensor:
     return state.to(torch.bfloat16).to(state.dtype)
 
 
-def _fla_contract(q, *args, ns_rounds: int, state_fault: Callable | None = None, **kwargs):
+def skew_later_sequences(out: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """`out` [1, T, H, V] with every sequence after the call's first scaled by BATCH_SKEW: a
+    kernel right for a sequence alone and wrong beside others, as one that misreads
+    cu_seqlens past its first entry would be."""
+    if cu_seqlens is None or cu_seqlens.numel() <= 2:
+        return out
+    skewed = out.clone()
+    skewed[:, int(cu_seqlens[1]) :] *= BATCH_SKEW
+    return skewed
+
+
+def _skewed_cpu_op(op: Callable) -> Callable:
+    @functools.wraps(op)
+    def skewed(*args, **kwargs):
+        out, state = op(*args, **kwargs)
+        cu_seqlens = kwargs["cu_seqlens"] if "cu_seqlens" in kwargs else args[7]
+        return skew_later_sequences(out, cu_seqlens), state
+
+    return skewed
+
+
+def _fla_contract(
+    q, *args, ns_rounds: int, state_fault: Callable | None = None, batch_skew=False, **kwargs
+):
     if state_fault is not None and kwargs.get("initial_state") is not None:
         kwargs["initial_state"] = state_fault(kwargs["initial_state"])
     if q.is_cuda:
         from kernels.ns_triton import chunk_gated_delta_rule
     else:
         from kernels.ns_torch import chunk_gated_delta_rule
-    return chunk_gated_delta_rule(q, *args, ns_rounds=ns_rounds, **kwargs)
+    out, *rest = chunk_gated_delta_rule(q, *args, ns_rounds=ns_rounds, **kwargs)
+    if batch_skew:
+        out = skew_later_sequences(out, kwargs.get("cu_seqlens"))
+    return (out, *rest)
 
 
 def sha256_of_files(paths: list[Path]) -> str:
@@ -183,16 +216,18 @@ def resolve_kernel(name: str) -> KernelSpec:
     rounds = match and match.group("rounds")
     delay = float(match.group("delay")) if match and match.group("delay") else 0.0
     fault = match and match.group("fault")
+    skew = bool(match and match.group("skew"))
     if (
         match is not None
         and (rounds is None or int(rounds) in NS_ROUNDS_RANGE)
-        and ((delay and not fault) or not match.group("ref"))
+        and ((delay and not fault and not skew) or not match.group("ref"))
     ):
         return KernelSpec(
             name=name,
             ns_rounds=int(rounds) if rounds else None,
             delay_ms=delay,
             state_fault=fault or None,
+            batch_skew=skew,
         )
     registered = registered_kernels()
     if name in registered:
@@ -203,6 +238,7 @@ def resolve_kernel(name: str) -> KernelSpec:
         "failing and fixed controls), the performance control <base>+delay-<N>ms "
         f"(base {REFERENCE_BASE} = vLLM's own kernel, or ns<R>; N ms slept after every "
         "prefill call), the initial-state control ns<R>+drop-state and ns<R>+bf16-state, "
+        "the batch control ns<R>+batch-skew, "
         "a module:function of your own, or a name under the entry point "
         f"group {ENTRY_POINT_GROUP}"
         + (f" (here: {', '.join(sorted(registered))})" if registered else "")

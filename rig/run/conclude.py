@@ -28,7 +28,7 @@ from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import perf_result
 from rig.verdict.planted import PlantedDelay
 from rig.verdict.prefix_hits import conversation_hits_gate
-from rig.verdict.self_check import ALONE_SIDE, self_check
+from rig.verdict.self_check import ALONE_SIDE, self_check, self_check_gate
 from rig.verdict.speed import SpeedDesign, apply_design, speed_design
 
 
@@ -237,6 +237,7 @@ def build_outcome(
             scenario.gates.near_tie_margin,
             workload.max_tokens,
             {Side.CANDIDATE: state.alone_replayed, ALONE_SIDE: state.alone_replayed},
+            gated=scenario.gates.allow_self_check_beyond_aa >= 0,
         )
     timing = timing_design(ctx, state.server_deltas, state.faults)
     raw_perf = perf_result(
@@ -269,6 +270,11 @@ def build_outcome(
             for g in (
                 installs_gate(scenario, ctx.plan, state.served_versions),
                 initial_state_gate(kernels) if scenario.gates.require_initial_state else None,
+                self_check_gate(
+                    candidate_alone, aa_pairs, scenario.gates.allow_self_check_beyond_aa
+                )
+                if scenario.gates.allow_self_check_beyond_aa >= 0
+                else None,
             )
             if g
         ),

@@ -314,9 +314,7 @@ class ControlConfig(StrictModel):
 
     aa: bool = False
     aa_concurrency: int | None = Field(None, gt=0)
-    self_check: bool = Field(
-        False, description="the candidate's highest level sent again alone, compared; not gated"
-    )
+    self_check: bool = False  # the candidate's highest level sent again alone, and compared
 
 
 def model_mapping(value: Any) -> Any:
@@ -348,15 +346,17 @@ class Scenario(StrictModel):
         return model_mapping(value)
 
     @model_validator(mode="after")
-    def _drift_floor_measured(self) -> Scenario:
-        gates = self.gates
+    def _floors_measured(self) -> Scenario:
+        gates, control = self.gates, self.control
         if gates.max_drift_over_floor is not None and not (
-            self.control.aa or gates.calibration_drift is not None
+            control.aa or gates.calibration_drift is not None
         ):
             raise ValueError(
                 "gates.max_drift_over_floor needs a floor: control.aa: true or "
                 "gates.calibration_drift"
             )
+        if gates.allow_self_check_beyond_aa >= 0 and not (control.aa and control.self_check):
+            raise ValueError("gates.allow_self_check_beyond_aa needs control.aa and self_check")
         return self
 
     @model_validator(mode="after")

@@ -13,6 +13,9 @@ class GatesConfig(StrictModel):
     max_substantive_divergences: int = Field(0, ge=0)
     near_tie_margin: float = Field(0.25, ge=0)
     allow_near_ties_beyond_aa: int = Field(-1, description="-1: any number of near-ties is fine")
+    allow_self_check_beyond_aa: int = Field(
+        -1, description="requests the candidate writes otherwise alone, beyond A/A's; -1: not gated"
+    )
     max_mean_drift: float | None = Field(0.1, ge=0)
     max_request_drift: float | None = Field(None, ge=0)
     max_mean_prompt_drift: float | None = Field(

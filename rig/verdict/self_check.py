@@ -2,9 +2,11 @@
 batches, against the same requests sent again one at a time to the same server.
 
 One kernel wrote both, so whatever differs comes from the batch around a request, which is the
-noise this candidate brings into every comparison at that level. It is shown next to the verdict
-and never gated: vLLM cannot make a GDN model's output independent of its batch
-(docs/scenarios.md, "Batch invariance"), so a correct kernel may move a near-tie here.
+noise this candidate brings into every comparison at that level. vLLM cannot make a GDN model's
+output independent of its batch (docs/scenarios.md, "Batch invariance"), so a correct kernel
+may move a near-tie here: the check is shown next to the verdict, and gated only against the
+A/A control's count, the same alone-against-batched comparison made on the reference
+(`gates.allow_self_check_beyond_aa`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from rig.records import RequestRecord
 from rig.verdict.compare import PairResult, Replayed, compare_pairs
+from rig.verdict.gates import Gate
 
 ALONE_SIDE = "candidate-alone"
 
@@ -35,6 +38,7 @@ class SelfCheck:
     level: int
     expected: int
     pairs: tuple[PairResult, ...]
+    gated: bool = False  # gates.allow_self_check_beyond_aa: against the A/A control's count
 
     @property
     def counts(self) -> SelfCheckCounts:
@@ -64,6 +68,8 @@ class SelfCheck:
                 f"{scope}: {differ} wrote other text alone than inside batches "
                 f"({c.near_tie} near-tie, {c.substantive} substantive)"
             )
+        if self.gated:
+            return f"{head}: {found}; gated against the A/A floor (see the gates)"
         return f"{head}: {found}; shown, not gated (vLLM has no batch invariance for GDN)"
 
 
@@ -74,6 +80,7 @@ def self_check(
     near_tie_margin: float,
     max_tokens: int | None,
     replayed: Replayed | None = None,
+    gated: bool = False,
 ) -> SelfCheck:
     """Pair the level's batched answers (repeat 0) with the alone ones by request id.
     `replayed`: the batched completions teacher-forced on the server alone, under both the
@@ -81,4 +88,25 @@ def self_check(
     answered = {r.request_id for r in alone}
     compared = [r for r in batched if r.request_id in answered]
     pairs = compare_pairs(compared, alone, near_tie_margin, max_tokens, replayed)
-    return SelfCheck(level=level, expected=len(batched), pairs=tuple(pairs))
+    return SelfCheck(level=level, expected=len(batched), pairs=tuple(pairs), gated=gated)
+
+
+def self_check_gate(
+    check: SelfCheck | None, aa_pairs: list[PairResult] | None, allowed: int
+) -> Gate:
+    """The candidate's alone-against-batched differences beyond the reference's (the A/A
+    control sends the first level's requests again at the highest C: the same comparison the
+    other way round). A check cut short, or without both controls, vouches for nothing."""
+    name = "self-check beyond the A/A floor"
+    if check is None or aa_pairs is None:
+        return Gate(name, False, "the self-check or the A/A control did not run")
+    c = check.counts
+    floor = sum(not p.identical for p in aa_pairs)
+    differ = c.pairs - c.identical
+    detail = (
+        f"{differ} of {c.pairs} requests differ alone vs inside batches on the candidate; "
+        f"A/A {floor} of {len(aa_pairs)} on the reference (allowed beyond: {allowed})"
+    )
+    if c.pairs < c.expected:
+        return Gate(name, False, f"{detail}; cut short at {c.pairs} of {c.expected}")
+    return Gate(name, differ - floor <= allowed, detail)

@@ -50,6 +50,16 @@ def lm_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def run_lm(run_rig, lm_model):
+    """run_rig with the scenario's model set to tiny-lm's built path."""
+
+    def run(scenario: str, name: str, *args: str) -> RigRun:
+        return run_rig("--set", f"model.name={lm_model}", *args, scenario=scenario, name=name)
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def golden_cache(tmp_path_factory) -> Path:
     """One golden cache for the session: after the first run only the candidate's server
     starts (as for a user's second iteration)."""

@@ -1,5 +1,5 @@
-"""Kernel names: ns1..ns8, the planted delays and the planted initial-state faults resolve,
-anything else fails naming the known kernels."""
+"""Kernel names: ns1..ns8, the planted delays, the planted initial-state faults and the batch
+skew resolve, anything else fails naming the known kernels."""
 
 import time
 from dataclasses import replace
@@ -10,6 +10,7 @@ import torch
 from kernels.cases import CPU_SHAPE, random_inputs
 from kernels.functions import run_fla_contract
 from kernels.registry import (
+    BATCH_SKEW,
     UnknownKernelError,
     known_kernel_names,
     planted_delay_ms,
@@ -157,3 +158,27 @@ def test_a_state_fault_changes_the_source_hash_the_proof_names():
         assert resolve_kernel("ns4+drop-state").source_sha256(platform) != resolve_kernel(
             "ns4"
         ).source_sha256(platform)
+
+
+@pytest.mark.parametrize("name", ["ns4+batch-skew", "ns3+drop-state+batch-skew+delay-2ms"])
+def test_the_batch_skew_resolves_on_an_ns_base(name):
+    assert resolve_kernel(name).batch_skew and resolve_kernel(name).ns_rounds is not None
+    with pytest.raises(UnknownKernelError, match="batch-skew"):
+        resolve_kernel("ref+batch-skew")
+
+
+def test_the_batch_skew_leaves_a_calls_first_sequence_alone_and_scales_the_others():
+    """One sequence: ns4 exactly. Two in one call: the first as ns4, the second's output scaled
+    by BATCH_SKEW, the states untouched. The CPU op and the FLA contract agree."""
+    alone = random_inputs([100], CPU_SHAPE, torch.float32, seed=5)
+    pair = random_inputs([100, 30], CPU_SHAPE, torch.float32, seed=5)
+    ns4, skew = resolve_kernel("ns4"), resolve_kernel("ns4+batch-skew")
+    for run in (
+        lambda s, x: run_cpu_op(s.cpu_op(), x),
+        lambda s, x: run_fla_contract(s.fla_contract_function(), x),
+    ):
+        assert all(map(torch.equal, run(skew, alone), run(ns4, alone)))
+        (out, state), (ns4_out, ns4_state) = run(skew, pair), run(ns4, pair)
+        assert torch.equal(out[:100], ns4_out[:100]) and torch.equal(state, ns4_state)
+        assert torch.allclose(out[100:], ns4_out[100:] * BATCH_SKEW)
+        assert not torch.equal(out[100:], ns4_out[100:])

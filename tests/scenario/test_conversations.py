@@ -143,6 +143,12 @@ TALKS = {"conversations": {"path": str(SHIPPED)}}
             {"control": {"self_check": True}},
             "control.self_check: needs a level above C=1",
         ),
+        (
+            {"prompts": [{"long_tokens": [10]}], "concurrency": [1, 4]},
+            {"allow_self_check_beyond_aa": 0},
+            {"control": {"self_check": True}},
+            "needs control.aa and self_check",
+        ),
         ({**TALKS, "warmup_requests": 2}, {"min_prefix_cache_hits": 5}, {}, "every turn"),
         (TALKS, {"min_prefix_cache_hits": 5}, {"model": {}}, "max_num_batched_tokens"),
         (

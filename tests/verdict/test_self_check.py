@@ -2,7 +2,8 @@
 says what was compared and never more."""
 
 from rig.records import TokenLogprob
-from rig.verdict.self_check import ALONE_SIDE, self_check
+from rig.verdict.compare import compare_pairs
+from rig.verdict.self_check import ALONE_SIDE, self_check, self_check_gate
 
 MARGIN = 0.25
 TIE = {3: -0.60, 9: -0.70}  # the candidate's own top-2 where its answers part: a near-tie
@@ -74,3 +75,29 @@ def test_a_check_cut_short_says_so_and_claims_only_what_it_compared(make_record)
     assert nothing.describe().endswith("no request answered both ways, nothing compared")
     for text in (line, nothing.describe()):
         assert "identical" not in text and "equivalent" not in text and "invariant" not in text
+
+
+def aa_pairs(make_record, differing: int, total: int = 4):
+    """The A/A control's pairs: `differing` of `total` with other text."""
+    ref = [make_record("reference", f"c1-r0-{i:04d}", "a b c d") for i in range(total)]
+    replay = [
+        make_record("reference-aa", f"c1-r0-{i:04d}", "a b n d" if i < differing else "a b c d")
+        for i in range(total)
+    ]
+    return compare_pairs(ref, replay, MARGIN)
+
+
+def test_the_gate_counts_the_candidates_differences_beyond_the_aa_floor(make_record):
+    batch, alone = batched_and_alone(make_record, ["a b n d", "a b n d", "a b c d", "a b c d"])
+    check = self_check(batch, alone, 4, MARGIN, 4, gated=True)
+    assert "gated against the A/A floor" in check.describe()
+    held = self_check_gate(check, aa_pairs(make_record, 1), allowed=1)
+    assert held.passed and "2 of 4 requests differ" in held.detail and "A/A 1 of 4" in held.detail
+    assert not self_check_gate(check, aa_pairs(make_record, 0), allowed=1).passed
+
+
+def test_the_gate_fails_a_check_cut_short_or_missing(make_record):
+    batch, alone = batched_and_alone(make_record, ["a b c d", "a b c d"])
+    cut = self_check_gate(self_check(batch, alone, 4, MARGIN, 4), aa_pairs(make_record, 0), 5)
+    assert not cut.passed and "cut short at 2 of 4" in cut.detail
+    assert not self_check_gate(None, aa_pairs(make_record, 0), 5).passed
