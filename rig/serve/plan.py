@@ -289,7 +289,8 @@ def plan_servers(
             # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(len(launched))))
         host = slot.node.address if slot.node else "127.0.0.1"
-        port = (config.port + slot.replica) if config.port else free_port(host)
+        # free here; on a Ray node taken there, its server's start says so in one line
+        port = (config.port + slot.replica) if config.port else free_port()
         prefix, cleanup = container_argv(install, list(env), f"rig-{slot.label}-{port}")
         served = serve_argv(scenario, slot.side, install, model_path, served_model, port, host)
         argv = [*prefix, *served]

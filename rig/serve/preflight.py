@@ -182,7 +182,8 @@ def model_copies(weights: int | None, hardware: Hardware, tp: int) -> int:
 def needs_gpus(scenario: Scenario, hardware: Hardware) -> str | None:
     tp = scenario.model.tensor_parallel_size
     launched = [s for s in SIDES if scenario.side(s).url is None]
-    if hardware.gpu_count == 0 and tp > 1 and launched:
+    here = scenario.placement.backend == "local"  # on Ray, the nodes' GPUs count
+    if hardware.gpu_count == 0 and tp > 1 and launched and here:
         preset = f" (preset {scenario.model.preset})" if scenario.model.preset else ""
         return (
             f"{scenario.model.name}{preset} needs {tp} GPUs per side "
