@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,23 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout the actors import the
 RAY_MISSING = "placement.backend=ray needs Ray on this machine: pip install 'rig[ray]'"
 ASK_TIMEOUT_S = 60.0  # an actor that does not answer a question in this time counts as lost
 LOST = -1  # the exit code a server reports when its actor or node is gone
+WATCHDOG = """
+import os, signal, sys, time
+actor, group = map(int, sys.argv[1:])
+def alive(check):
+    try:
+        check()
+        return True
+    except ProcessLookupError:
+        return False
+while alive(lambda: os.killpg(group, 0)):
+    if not alive(lambda: os.kill(actor, 0)):
+        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 0)):
+            if alive(lambda: os.killpg(group, sig)):
+                time.sleep(grace)
+        break
+    time.sleep(1)
+"""  # run detached: outlives the actor's worker, ends when the server's group is gone
 T = TypeVar("T")
 
 
@@ -93,7 +112,16 @@ class ServerProcess:
         self.server = Server(plan)
 
     def start(self) -> None:
+        """Start the server, and a watchdog that stops its process group if this actor dies
+        without stopping it (a driver that crashed, a killed worker)."""
         self.server.start()
+        subprocess.Popen(
+            [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self.server.process.pid)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def exited(self) -> int | None:
         return self.server.exited()
@@ -283,7 +311,9 @@ def run_on_pair_nodes(
         return {replica: ray.get(ref) for replica, ref in refs.items()}
     except ray.exceptions.RayTaskError as exc:
         raise ServerError(f"a pair's load client failed on its node: {exc.cause}") from None
-    finally:
-        for ref in refs.values():
+    except BaseException:  # a finished task is never cancelled: Ray 2.60's driver aborts on it
+        _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
+        for ref in pending:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
+        raise
