@@ -35,19 +35,19 @@ LOST = -1  # the exit code a server reports when its actor or node is gone
 WATCHDOG = """
 import os, signal, sys, time
 actor, group = map(int, sys.argv[1:])
-def alive(check):
+def reaches(kill, target, signum=0):
     try:
-        check()
+        kill(target, signum)
         return True
     except ProcessLookupError:
         return False
-while alive(lambda: os.killpg(group, 0)):
-    if not alive(lambda: os.kill(actor, 0)):
-        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 0)):
-            if alive(lambda: os.killpg(group, sig)):
-                time.sleep(grace)
-        break
+while reaches(os.killpg, group) and reaches(os.kill, actor):
     time.sleep(1)
+if reaches(os.killpg, group, signal.SIGTERM):
+    deadline = time.monotonic() + 20
+    while reaches(os.killpg, group) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    reaches(os.killpg, group, signal.SIGKILL)
 """  # run detached: outlives the actor's worker, ends when the server's group is gone
 T = TypeVar("T")
 

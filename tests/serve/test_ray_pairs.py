@@ -2,7 +2,10 @@
 the plan --plan prints, and the one-line refusals (no Ray installed, too small a cluster, a
 side attached by URL). tests/e2e/test_ray.py runs them on a real local cluster."""
 
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -13,7 +16,7 @@ from rig.serve.hardware import Hardware
 from rig.serve.placement import ClusterNode, PlacementError, place_on_nodes
 from rig.serve.plan import plan_servers
 from rig.serve.preflight import PreflightError, preflight, render_plan
-from rig.serve.ray_pairs import RAY_MISSING, ClusterUnavailable, connect
+from rig.serve.ray_pairs import RAY_MISSING, WATCHDOG, ClusterUnavailable, connect
 from tests.serve.test_preflight import own_install
 
 SIDES = ("reference", "candidate")
@@ -117,3 +120,25 @@ def test_without_ray_installed_the_ray_backend_is_refused_in_one_line(tmp_path, 
     with pytest.raises(PreflightError) as refused:
         preflight(scenario(), tmp_path, Hardware.assume_gpus(0))
     assert RAY_MISSING in str(refused.value)
+
+
+def test_the_watchdog_stops_a_servers_group_once_its_actor_is_gone():
+    """What stands in for a server's actor dies without stopping it (the driver crashed): the
+    server's whole process group goes within seconds."""
+    actor = subprocess.Popen(["sleep", "60"])
+    server = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, str(actor.pid), str(server.pid)], start_new_session=True
+    )
+    try:
+        time.sleep(1.5)
+        assert server.poll() is None  # the actor lives: the server is left alone
+        actor.kill()
+        actor.wait()
+        assert server.wait(timeout=10) == -signal.SIGTERM
+        assert watchdog.wait(timeout=30) == 0
+    finally:
+        for process in (actor, server, watchdog):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
