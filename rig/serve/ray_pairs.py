@@ -34,6 +34,8 @@ ASK_TIMEOUT_S = 60.0  # an actor that does not answer a question in this time co
 LOST = -1  # the exit code a server reports when its actor or node is gone
 WATCHDOG = """
 import os, signal, sys, time
+if os.fork():
+    os._exit(0)  # no child of the actor's worker: Ray ends those with the worker
 actor, group = map(int, sys.argv[1:])
 def reaches(kill, target, signum=0):
     try:
@@ -48,7 +50,7 @@ if reaches(os.killpg, group, signal.SIGTERM):
     while reaches(os.killpg, group) and time.monotonic() < deadline:
         time.sleep(0.5)
     reaches(os.killpg, group, signal.SIGKILL)
-"""  # run detached: outlives the actor's worker, ends when the server's group is gone
+"""  # detached: outlives the actor's worker, ends when the server's group is gone
 T = TypeVar("T")
 
 
@@ -115,12 +117,13 @@ class ServerProcess:
         """Start the server, and a watchdog that stops its process group if this actor dies
         without stopping it (a driver that crashed, a killed worker)."""
         self.server.start()
-        subprocess.Popen(
+        subprocess.run(
             [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self.server.process.pid)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            check=True,
         )
 
     def exited(self) -> int | None:

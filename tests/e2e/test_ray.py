@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from ray.cluster_utils import Cluster
@@ -158,3 +159,24 @@ def test_the_driver_keeps_the_rigs_sigterm_handler(ray_cluster):
         [sys.executable, "-c", probe, ray_cluster], capture_output=True, text=True, cwd=REPO
     )
     assert done.stdout.split() == ["raise_interrupt"], done.stderr[-2000:]
+
+
+def test_a_killed_driver_leaves_no_server_behind(ray_run, ray_cluster, start_rig):
+    """SIGKILL leaves the rig no say: Ray ends the run's actors and placement groups, and each
+    server's watchdog its process group (one pair is enough to show it)."""
+    rig = start_rig(*on_ray(ray_cluster), *SMALL, "--set", "placement.replicas=1", name="ray-kill")
+    logs = [rig.run_dir / f"server-{side}.log" for side in ("reference", "candidate")]
+    ready = "Application startup complete"
+    rig.wait_for(
+        lambda: all(log.exists() and ready in log.read_text(errors="replace") for log in logs),
+        "both servers ready",
+        timeout_s=300,
+    )
+    rig.interrupt(signal.SIGKILL)
+    rig.finish()
+    deadline = time.monotonic() + 60
+    while rig_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert rig_processes() == []
+    state = cluster_state(ray_cluster)
+    assert state["live_actors"] == [] and state["live_groups"] == []

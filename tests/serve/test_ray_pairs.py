@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -124,21 +125,41 @@ def test_without_ray_installed_the_ray_backend_is_refused_in_one_line(tmp_path, 
 
 def test_the_watchdog_stops_a_servers_group_once_its_actor_is_gone():
     """What stands in for a server's actor dies without stopping it (the driver crashed): the
-    server's whole process group goes within seconds."""
+    server's whole process group goes within seconds, and so does the watchdog (detached: no
+    child of the actor, whose children Ray ends with it)."""
     actor = subprocess.Popen(["sleep", "60"])
     server = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
-    watchdog = subprocess.Popen(
-        [sys.executable, "-c", WATCHDOG, str(actor.pid), str(server.pid)], start_new_session=True
-    )
+    watch = [sys.executable, "-c", WATCHDOG, str(actor.pid), str(server.pid)]
     try:
+        subprocess.run(watch, check=True, timeout=10)  # returns once the watchdog is detached
         time.sleep(1.5)
-        assert server.poll() is None  # the actor lives: the server is left alone
+        assert server.poll() is None and watchdogs(watch)  # the actor lives: all left alone
         actor.kill()
         actor.wait()
         assert server.wait(timeout=10) == -signal.SIGTERM
-        assert watchdog.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while watchdogs(watch) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not watchdogs(watch)
     finally:
-        for process in (actor, server, watchdog):
+        for process in (actor, server):
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def watchdogs(argv: list[str]) -> list[Path]:
+    """Live processes running exactly `argv`."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes() == wanted and "Z" not in stat_state(cmdline.parent):
+                found.append(cmdline.parent)
+        except OSError:
+            continue
+    return found
+
+
+def stat_state(proc: Path) -> str:
+    return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
