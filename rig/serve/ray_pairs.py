@@ -51,6 +51,7 @@ if reaches(os.killpg, group, signal.SIGTERM):
         time.sleep(0.5)
     reaches(os.killpg, group, signal.SIGKILL)
 """  # detached: outlives the actor's worker, ends when the server's group is gone
+WORKER_ENV = ("OMP_NUM_THREADS", "PYTHONPATH")  # what Ray (or connect) sets on an actor's worker
 T = TypeVar("T")
 
 
@@ -107,15 +108,20 @@ def cluster_nodes(address: str) -> tuple[ClusterNode, ...]:
 
 class ServerProcess:
     """The actor on a pair's node: one server, run by the rig's own Server from the driver's
-    working directory (argv's relative paths mean there what they mean on the driver)."""
+    working directory (argv's relative paths mean there what they mean on the driver) and with
+    the driver's values of what Ray sets on its workers (`driver_env`; RAY_* dropped)."""
 
-    def __init__(self, plan: ServerPlan, workdir: str) -> None:
+    def __init__(self, plan: ServerPlan, workdir: str, driver_env: dict[str, str]) -> None:
         os.chdir(workdir)
+        self.driver_env = driver_env
         self.server = Server(plan)
 
     def start(self) -> None:
         """Start the server, and a watchdog that stops its process group if this actor dies
         without stopping it (a driver that crashed, a killed worker)."""
+        for name in [*WORKER_ENV, *(name for name in os.environ if name.startswith("RAY_"))]:
+            os.environ.pop(name, None)  # Ray sets some while it runs a call: just before Popen
+        os.environ.update(self.driver_env)
         self.server.start()
         subprocess.run(
             [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self.server.process.pid)],
@@ -265,7 +271,9 @@ class RayPairs:
             num_cpus=need["CPU"], num_gpus=need.get("GPU", 0), scheduling_strategy=strategy
         )
         with interrupts_held():
-            server = RayServer(plan, actor=actor_class.remote(plan, os.getcwd()), group=group)
+            server = RayServer(
+                plan, actor=actor_class.remote(plan, os.getcwd(), _driver_env()), group=group
+            )
             self.servers[plan.label] = server
         server.start()
 
@@ -279,6 +287,10 @@ class RayPairs:
             with contextlib.suppress(ray.exceptions.RayError):
                 remove_placement_group(group)
         self.servers, self.groups = {}, {}
+
+
+def _driver_env() -> dict[str, str]:
+    return {name: os.environ[name] for name in WORKER_ENV if name in os.environ}
 
 
 def _bundle(gpu_count: int) -> dict[str, float]:

@@ -7,15 +7,17 @@ process, actor or placement group is left."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from ray.cluster_utils import Cluster
 
-from tests.rig_process import REPO, read_records
+from tests.rig_process import REPO, processes_logging_into, read_records
 
 from .conftest import rig_processes
 
@@ -132,7 +134,7 @@ def test_a_normal_end_leaves_no_server_actor_or_placement_group(ray_run, ray_clu
     assert state["live_actors"] == [] and state["live_groups"] == []
 
 
-def test_ctrl_c_mid_run_leaves_no_server_actor_or_placement_group(ray_run, ray_cluster, start_rig):
+def test_ctrl_c_mid_run_leaves_no_server_actor_or_placement_group(ray_cluster, start_rig):
     rig = start_rig(*on_ray(ray_cluster), *SMALL, name="ray-ctrl-c")
     rig.wait_for(lambda: rig.records() != [], "the first level's records", timeout_s=400)
     rig.interrupt(signal.SIGINT)  # during the second level
@@ -161,9 +163,10 @@ def test_the_driver_keeps_the_rigs_sigterm_handler(ray_cluster):
     assert done.stdout.split() == ["raise_interrupt"], done.stderr[-2000:]
 
 
-def test_a_killed_driver_leaves_no_server_behind(ray_run, ray_cluster, start_rig):
+def test_a_killed_driver_leaves_no_server_behind(ray_cluster, start_rig):
     """SIGKILL leaves the rig no say: Ray ends the run's actors and placement groups, and each
-    server's watchdog its process group (one pair is enough to show it)."""
+    server's watchdog its process group (one pair is enough to show it). Before that, the
+    servers' environment: no trace of the Ray worker they were started from."""
     rig = start_rig(*on_ray(ray_cluster), *SMALL, "--set", "placement.replicas=1", name="ray-kill")
     logs = [rig.run_dir / f"server-{side}.log" for side in ("reference", "candidate")]
     ready = "Application startup complete"
@@ -172,6 +175,13 @@ def test_a_killed_driver_leaves_no_server_behind(ray_run, ray_cluster, start_rig
         "both servers ready",
         timeout_s=300,
     )
+    servers = [pid for pid in processes_logging_into(rig.run_dir) if os.getpgid(pid) == pid]
+    assert len(servers) == 2  # what the actors started (vLLM's own children import Ray)
+    for pid in servers:  # their environment, as a local run's
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        names = {entry.split(b"=", 1)[0].decode() for entry in environ if entry}
+        assert not {name for name in names if name.startswith("RAY_")}
+        assert ("OMP_NUM_THREADS" in names) == ("OMP_NUM_THREADS" in os.environ)
     rig.interrupt(signal.SIGKILL)
     rig.finish()
     deadline = time.monotonic() + 60
