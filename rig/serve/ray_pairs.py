@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from rig.serve.servers import Server, ServerError
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout the actors import the rig from
 RAY_MISSING = "placement.backend=ray needs Ray on this machine: pip install 'rig[ray]'"
+CONNECT_TIMEOUT_S = 5.0  # for the cluster's address to answer at all
 ASK_TIMEOUT_S = 60.0  # an actor that does not answer a question in this time counts as lost
 LOST = -1  # the exit code a server reports when its actor or node is gone
 WATCHDOG = """
@@ -73,6 +75,7 @@ def connect(address: str) -> Any:
     ray = _ray()
     if ray.is_initialized():
         return ray
+    _check_answers(address)
     handlers = {signum: signal.getsignal(signum) for signum in INTERRUPTS}
     try:
         ray.init(
@@ -88,6 +91,20 @@ def connect(address: str) -> Any:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     return ray
+
+
+def _check_answers(address: str) -> None:
+    """ClusterUnavailable unless something listens at a `host:port` address: ray.init waits on
+    one that nothing answers for longer than 10 minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # `auto`, or a ray:// client address: ray.init answers those itself
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        message = f"placement.ray_address={address}: nothing answers ({reason})"
+        raise ClusterUnavailable(message) from None
 
 
 def cluster_nodes(address: str) -> tuple[ClusterNode, ...]:

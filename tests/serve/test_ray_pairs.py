@@ -15,7 +15,7 @@ import rig.serve.preflight as preflight_module
 from rig.scenario.config import Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.placement import ClusterNode, PlacementError, place_on_nodes
-from rig.serve.plan import plan_servers
+from rig.serve.plan import free_port, plan_servers
 from rig.serve.preflight import PreflightError, preflight, render_plan
 from rig.serve.ray_pairs import RAY_MISSING, WATCHDOG, ClusterUnavailable, connect
 from tests.serve.test_preflight import own_install
@@ -163,3 +163,15 @@ def watchdogs(argv: list[str]) -> list[Path]:
 
 def stat_state(proc: Path) -> str:
     return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_an_address_where_nothing_listens_is_one_line_at_once():
+    """ray.init waits on such an address for longer than 10 minutes."""
+    closed = free_port()
+    started = time.monotonic()
+    with pytest.raises(ClusterUnavailable) as refused:
+        connect(f"127.0.0.1:{closed}")
+    assert str(refused.value) == (
+        f"placement.ray_address=127.0.0.1:{closed}: nothing answers (Connection refused)"
+    )
+    assert time.monotonic() - started < 10
