@@ -262,8 +262,8 @@ def preflight(
             notes.append("GPU memory: not checked (checkpoint size unknown)")
         else:
             problems += check_memory(scenario, plan, hardware, model.weights_bytes)
-    if plan is not None and not hardware.assumed:
-        for server in plan.servers.values():
+    if plan is not None and not hardware.assumed and scenario.placement.backend == "local":
+        for server in plan.servers.values():  # on Ray, each node checks its own at start
             if server.url is None and scenario.side(server.side).port is not None:
                 try:
                     ensure_port_free(server.port, server.host)

@@ -137,7 +137,7 @@ class ServerProcess:
         """Start the server, and a watchdog that stops its process group if this actor dies
         without stopping it (a driver that crashed, a killed worker)."""
         for name in [*WORKER_ENV, *(name for name in os.environ if name.startswith("RAY_"))]:
-            os.environ.pop(name, None)  # Ray sets some while it runs a call: just before Popen
+            os.environ.pop(name, None)  # the worker's: the server gets the driver's
         os.environ.update(self.driver_env)
         self.server.start()
         subprocess.run(
