@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rig.interrupts import INTERRUPTS, interrupts_held
-from rig.serve.placement import ClusterNode, Placement
+from rig.serve.placement import ClusterNode, Placement, side_resources
 from rig.serve.plan import ServerPlan
 from rig.serve.servers import Server, ServerError
 
@@ -256,7 +256,7 @@ class RayPairs:
 
         slots = self._slots(replica)
         node = slots[0].node
-        bundles = [_bundle(slot.gpu_count) for slot in slots]
+        bundles = [side_resources(slot.gpu_count, slot.gpu_count > 0) for slot in slots]
         bundles[0][f"node:{node.address}"] = 0.001
         with interrupts_held():
             group = placement_group(bundles, "STRICT_PACK", _soft_target_node_id=node.node_id)
@@ -283,7 +283,8 @@ class RayPairs:
         index = [slot.label for slot in slots].index(plan.label)
         group = self.groups[plan.replica]
         strategy = PlacementGroupSchedulingStrategy(group, index)
-        need = _bundle(slots[index].gpu_count)
+        gpus = slots[index].gpu_count
+        need = side_resources(gpus, gpus > 0)
         actor_class = ray.remote(ServerProcess).options(
             num_cpus=need["CPU"], num_gpus=need.get("GPU", 0), scheduling_strategy=strategy
         )
@@ -308,10 +309,6 @@ class RayPairs:
 
 def _driver_env() -> dict[str, str]:
     return {name: os.environ[name] for name in WORKER_ENV if name in os.environ}
-
-
-def _bundle(gpu_count: int) -> dict[str, float]:
-    return {"CPU": 1.0, "GPU": float(gpu_count)} if gpu_count else {"CPU": 1.0}
 
 
 def on_ray(servers: dict[str, Server]) -> bool:
