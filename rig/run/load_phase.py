@@ -11,11 +11,11 @@ import asyncio
 import functools
 import time
 
-from rig.load.engine import run_level
 from rig.load.pairs import run_pairs
 from rig.load.server_metrics import MetricsUnreadable, ServerCounters, read_server_counters
 from rig.load.waves import GateUnavailable, ServerGate
 from rig.records import LevelFault, RequestRecord, ServerDelta, ServerTarget, Side, SideJob
+from rig.run.pair_load import send_level
 from rig.run.state import RunContext, RunJournal
 from rig.run.turns import run_turns
 from rig.scenario.config import SIDES
@@ -131,7 +131,7 @@ def warm_up_level(
         tag = f"warmup-p{number}-"
         print(f"rig: warm-up C={level}, pass {number + 1}: {count} untimed requests per side")
         send = functools.partial(
-            run_level, concurrency=level, timeout_s=workload.timeout_s, progress=False, waves=waves
+            send_level, servers, level, timeout_s=workload.timeout_s, progress=False, waves=waves
         )
         if ctx.conversations:
             run_turns(ctx, targets, level, 0, send, tag=tag)
@@ -238,8 +238,7 @@ def run_block(
     waves: bool = False,
 ) -> None:
     """One block: `servers`' share of one (level, repeat), at once (or, with `pairs`, request
-    pairs back to back; with `waves`, in gated waves); a server that died in it stops the
-    run."""
+    pairs back to back; with `waves`, in gated waves); a server that died in it stops the run."""
     workload = ctx.scenario.workload
     targets = server_targets(servers)
     before = counters(journal, servers, level, repeat)
@@ -256,9 +255,10 @@ def run_block(
                 level_timeout_s=workload.level_timeout_s,
                 flip=repeat % 2 == 1,
             )
-        return run_level(
-            jobs,
+        return send_level(
+            servers,
             level,
+            jobs,
             timeout_s=workload.timeout_s,
             request_rate=workload.request_rate,
             burstiness=workload.burstiness,

@@ -45,6 +45,7 @@ from rig.scenario.workload import WorkloadError, resolve_conversations, resolve_
 from rig.serve.hardware import Hardware
 from rig.serve.plan import LaunchPlan
 from rig.serve.preflight import PreflightError, preflight, render_plan
+from rig.serve.ray_pairs import RayPairs
 from rig.serve.servers import ServerError, ServerSet
 from rig.verdict.gates import SideKernel
 from rig.verdict.outcome import RunOutcome
@@ -99,8 +100,9 @@ class Runner:
 
     def run_phases(self) -> None:
         ctx, state = self.ctx, self.state
+        on_ray = ctx.scenario.placement.backend == "ray"
         steps = PhaseSteps(
-            start=ServerSet,
+            start=partial(RayPairs, ctx.plan.placement) if on_ray else ServerSet,
             load=partial(run_load, ctx, self.journal),
             drift=partial(run_drift, ctx, state),
             aa=partial(run_aa, ctx, state),

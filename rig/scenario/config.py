@@ -179,12 +179,15 @@ class SideConfig(_Served):
 
 
 class PlacementConfig(StrictModel):
-    """How servers are laid out on the GPUs (rig.serve.placement has the rules)."""
+    """How servers are laid out on the GPUs, or over a Ray cluster's nodes (rig.serve.placement
+    has the rules, rig.serve.ray_pairs the cluster)."""
 
     replicas: int | None = Field(None, ge=1, description="pairs; default: as many as fit")
     share_gpus: bool | None = Field(
         None, description="both sides on the same GPUs when 2*TP > GPUs; default: when it fits"
     )
+    backend: Literal["local", "ray"] = Field("local", description="ray: pairs on a Ray cluster")
+    ray_address: str = Field("auto", description="the Ray cluster (ray.init's address)")
 
 
 class PromptSource(StrictModel):

@@ -11,7 +11,8 @@ Rules, for N GPUs and tensor-parallel size TP (a server always spans TP GPUs):
   - N < TP: no placement (PlacementError says how many GPUs a side needs).
 Without GPUs, both sides at once on disjoint CPU cores when there are at least two, else one
 after the other. Attaching to servers on other nodes is the scenario's `url` path: those sides
-take no GPUs here.
+take no GPUs here. On a Ray cluster (`placement.backend: ray`), each pair on one node, the pairs
+spread over the nodes (place_on_nodes).
 """
 
 from __future__ import annotations
@@ -82,6 +83,19 @@ class PlacementError(ValueError):
 
 
 @dataclass(frozen=True)
+class ClusterNode:
+    """One live node of a Ray cluster and what it declares (rig.serve.ray_pairs reads them)."""
+
+    node_id: str
+    address: str
+    cpus: int
+    gpus: int
+
+    def describe(self) -> str:
+        return f"node {self.node_id[:8]} ({self.address})"
+
+
+@dataclass(frozen=True)
 class Slot:
     """One server: a side of one replica pair, and the devices it may use."""
 
@@ -90,6 +104,8 @@ class Slot:
     gpus: tuple[int, ...] = ()  # indices into the GPUs this process sees
     cpus: tuple[int, ...] = ()
     gpu_memory_fraction: float | None = None  # set when the GPUs are shared with another server
+    node: ClusterNode | None = None  # the Ray node of its pair; its GPUs are the ones Ray gives
+    gpu_count: int = 0  # with a node: how many GPUs Ray gives it
 
     @property
     def label(self) -> str:
@@ -114,6 +130,9 @@ class Placement:
                 if slot.gpus
                 else ("cores " + ",".join(map(str, slot.cpus)) if slot.cpus else "shared CPU")
             )
+            if slot.node is not None:
+                held = f"{slot.gpu_count} GPU(s) from Ray" if slot.gpu_count else devices
+                devices = f"{slot.node.describe()}, {held}"
             if slot.gpu_memory_fraction is not None:
                 devices += f" ({slot.gpu_memory_fraction:.0%} of memory)"
             parts.append(f"{slot.label}: {devices}")
@@ -189,6 +208,51 @@ def place_on_cpus(cpu_ids: tuple[int, ...], launched: tuple[str, ...]) -> Placem
         return _one_phase("simultaneous", 1, slots)
     slots = [Slot(side, 0) for side in launched]
     return Placement("sequential", 1, tuple(slots), tuple((slot.label,) for slot in slots))
+
+
+def side_resources(tp: int, on_gpus: bool) -> dict[str, float]:
+    """What one server reserves on its node: TP GPUs, or one CPU on a cluster without GPUs
+    (declare `--num-cpus` per node so that a node holds the pairs it should)."""
+    return {"CPU": 1.0, "GPU": float(tp)} if on_gpus else {"CPU": 1.0}
+
+
+def place_on_nodes(
+    nodes: tuple[ClusterNode, ...], tp: int, launched: tuple[str, ...], replicas: int | None
+) -> Placement:
+    """Each replica pair on one node (both sides' resources there), pairs dealt over the nodes
+    in turn so that they spread: pair r on the r-th node with room, a node's second pair only
+    after every node has one. `replicas` defaults to one pair per node with room."""
+    on_gpus = any(node.gpus for node in nodes)
+    need, sides = side_resources(tp, on_gpus), max(len(launched), 1)
+    room = [  # pairs each node holds (one CPU per server, and TP GPUs with GPUs)
+        min(node.cpus // sides, node.gpus // (tp * sides)) if on_gpus else node.cpus // sides
+        for node in nodes
+    ]
+    order = [
+        node
+        for turn in range(max(room, default=0))
+        for node, n in zip(nodes, room, strict=True)
+        if n > turn
+    ]
+    pairs = replicas or max(sum(1 for n in room if n), 1)
+    if pairs > len(order) or not launched:
+        each = " + ".join(f"{v:g} {k}" for k, v in need.items())
+        held = ", ".join(f"{n.describe()}: {n.cpus} CPU, {n.gpus} GPU" for n in nodes)
+        raise PlacementError(
+            f"placement.backend=ray: {pairs} replica pairs need {len(launched)} x ({each}) "
+            f"on one node each; the cluster holds {len(order)} ({held or 'no live node'})"
+        )
+    sites = order[:pairs]
+    slots = []
+    for node in dict.fromkeys(sites):
+        servers = [(r, side) for r, site in enumerate(sites) if site == node for side in launched]
+        per_server = node.cpus // len(servers)  # the node's cores, split as on one machine
+        for index, (replica, side) in enumerate(servers):
+            cores = range(index * per_server, (index + 1) * per_server)
+            cpus = () if on_gpus else tuple(cores)
+            slots.append(Slot(side, replica, (), cpus, None, node, tp if on_gpus else 0))
+    slots.sort(key=lambda slot: (slot.replica, launched.index(slot.side)))
+    return _one_phase("simultaneous", pairs, slots)
 
 
 def _one_phase(mode, replicas: int, slots: list[Slot]) -> Placement:

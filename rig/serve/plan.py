@@ -26,12 +26,14 @@ from rig.secrets import API_KEY_ENV, redact_env, reveal
 from rig.serve.hardware import Hardware
 from rig.serve.installs import SideInstall, container_argv, resolve_installs
 from rig.serve.placement import (
+    ClusterNode,
     LoadSchedule,
     Placement,
     Slot,
     load_schedule,
     place_on_cpus,
     place_on_gpus,
+    place_on_nodes,
 )
 
 GATE_ENV = "VLLM_SERVER_DEV_MODE"  # serves /pause and /resume, which arrival: waves uses
@@ -139,11 +141,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def place(
-    scenario: Scenario, hardware: Hardware, launched: tuple[str, ...], copies: int
+    scenario: Scenario,
+    hardware: Hardware,
+    launched: tuple[str, ...],
+    copies: int,
+    nodes: tuple[ClusterNode, ...] = (),
 ) -> Placement:
-    """The placement of the launched sides: the scenario's explicit GPUs, else the rules of
-    rig.serve.placement. A side attached by URL keeps the others to a single pair."""
+    """The placement of the launched sides: over a Ray cluster's `nodes`, the scenario's
+    explicit GPUs, else the rules of rig.serve.placement. A side attached by URL keeps the
+    others to a single pair."""
     model, placement = scenario.model, scenario.placement
+    if placement.backend == "ray":
+        return place_on_nodes(nodes, model.tensor_parallel_size, launched, placement.replicas)
     if hardware.gpu_count == 0:
         return place_on_cpus(hardware.cpu_ids, launched)
     explicit = [scenario.side(side).gpus for side in launched]
@@ -171,6 +180,7 @@ def serve_argv(
     model_path: str,
     served_model: str,
     port: int,
+    host: str = "127.0.0.1",
 ) -> list[str]:
     """The `vllm serve` command line both sides share, after the side's install's launcher
     (per-side extras are appended)."""
@@ -178,7 +188,7 @@ def serve_argv(
     argv = [
         model_path,
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--served-model-name",
@@ -245,10 +255,12 @@ def plan_servers(
     sides: tuple[str, ...] = SIDES,
     copies: int = 1,
     installs: dict[str, SideInstall] | None = None,
+    nodes: tuple[ClusterNode, ...] = (),
 ) -> LaunchPlan:
     """Build identical argv/env for each server, differing only in what the scenario declares
     for a side (its install among them: probed here unless given) and in where the placement
-    puts it."""
+    puts it (with `placement.backend: ray`, on which of the cluster's `nodes`, serving on the
+    node's address)."""
     installs = installs if installs is not None else resolve_installs(scenario, sides)
     model = scenario.model
     served_model = model.served_name or (
@@ -256,7 +268,7 @@ def plan_servers(
     )
     attached = [side for side in sides if scenario.side(side).url is not None]
     launched = tuple(side for side in sides if side not in attached)
-    placement = place(scenario, hardware, launched, copies)
+    placement = place(scenario, hardware, launched, copies, nodes)
     slots = [*placement.slots, *(Slot(side, 0) for side in attached)]
     servers: dict[str, ServerPlan] = {}
     for slot in slots:
@@ -280,9 +292,12 @@ def plan_servers(
         if hardware.gpu_count == 0 and config.url is None:
             # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(len(launched))))
+        host = slot.node.address if slot.node else "127.0.0.1"
+        # free here; on a Ray node taken there, its server's start says so in one line
         port = (config.port + slot.replica) if config.port else free_port()
         prefix, cleanup = container_argv(install, list(env), f"rig-{slot.label}-{port}")
-        argv = [*prefix, *serve_argv(scenario, slot.side, install, model_path, served_model, port)]
+        served = serve_argv(scenario, slot.side, install, model_path, served_model, port, host)
+        argv = [*prefix, *served]
         memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
         if memory is not None:
             argv += ["--gpu-memory-utilization", f"{memory:g}"]
@@ -291,7 +306,7 @@ def plan_servers(
             side=slot.side,
             argv=tuple(argv),
             env=env,
-            host="127.0.0.1",
+            host=host,
             port=port,
             log_path=run_dir / f"server-{slot.label}.log",
             stats_dir=stats_dir,
@@ -314,6 +329,10 @@ def plan_servers(
 
 
 def _devices(slot: Slot, hardware: Hardware) -> str:
+    if slot.node is not None:
+        held = f"{slot.gpu_count} GPU(s) from Ray" if slot.gpu_count else "CPU"
+        cores = f" cores {','.join(map(str, slot.cpus))}" if slot.cpus else ""
+        return f"Ray {slot.node.describe()}, pair {slot.replica}: {held}{cores}"
     if slot.gpus:
         text = f"GPU {hardware.visible_devices(slot.gpus)}"
         if slot.gpu_memory_fraction is not None:

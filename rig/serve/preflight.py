@@ -22,8 +22,9 @@ from rig.models.embedded import ensure_embedded_model, is_embedded
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.installs import InstallError, SideInstall, resolve_installs
-from rig.serve.placement import PlacementError
+from rig.serve.placement import ClusterNode, PlacementError
 from rig.serve.plan import LaunchPlan, plan_servers
+from rig.serve.ray_pairs import ClusterUnavailable, cluster_nodes
 from rig.serve.servers import ServerError, ensure_port_free
 from rig.serve.skew import install_skew
 
@@ -181,13 +182,29 @@ def model_copies(weights: int | None, hardware: Hardware, tp: int) -> int:
 def needs_gpus(scenario: Scenario, hardware: Hardware) -> str | None:
     tp = scenario.model.tensor_parallel_size
     launched = [s for s in SIDES if scenario.side(s).url is None]
-    if hardware.gpu_count == 0 and tp > 1 and launched:
+    here = scenario.placement.backend == "local"  # on Ray, the nodes' GPUs count
+    if hardware.gpu_count == 0 and tp > 1 and launched and here:
         preset = f" (preset {scenario.model.preset})" if scenario.model.preset else ""
         return (
             f"{scenario.model.name}{preset} needs {tp} GPUs per side "
             f"(tensor_parallel_size={tp}); this machine has none"
         )
     return None
+
+
+def ray_nodes(scenario: Scenario) -> tuple[tuple[ClusterNode, ...], str | None]:
+    """The live nodes of the scenario's Ray cluster (none without `placement.backend: ray`),
+    or why there are none to place on."""
+    placement = scenario.placement
+    if placement.backend != "ray":
+        return (), None
+    attached = [side for side in SIDES if scenario.side(side).url is not None]
+    if attached:
+        return (), f"placement.backend=ray starts every server; {attached[0]}.url attaches one"
+    try:
+        return cluster_nodes(placement.ray_address), None
+    except ClusterUnavailable as exc:
+        return (), str(exc)
 
 
 def preflight(
@@ -218,8 +235,10 @@ def preflight(
     if model.note:
         notes.append(f"model: {model.note}")
     problems += check_backends(scenario, installs, hardware)
+    nodes, cluster_problem = ray_nodes(scenario)
+    problems += [cluster_problem] if cluster_problem else []
     plan = None
-    if gpu_problem is None and len(installs) == len(sides):
+    if gpu_problem is None and len(installs) == len(sides) and cluster_problem is None:
         tp = scenario.model.tensor_parallel_size
         try:
             plan = plan_servers(
@@ -230,6 +249,7 @@ def preflight(
                 sides,
                 copies=model_copies(model.weights_bytes, hardware, tp),
                 installs=installs,
+                nodes=nodes,
             )
         except PlacementError as exc:
             where = " (--assume-gpus)" if hardware.assumed else ""
@@ -242,8 +262,8 @@ def preflight(
             notes.append("GPU memory: not checked (checkpoint size unknown)")
         else:
             problems += check_memory(scenario, plan, hardware, model.weights_bytes)
-    if plan is not None and not hardware.assumed:
-        for server in plan.servers.values():
+    if plan is not None and not hardware.assumed and scenario.placement.backend == "local":
+        for server in plan.servers.values():  # on Ray, each node checks its own at start
             if server.url is None and scenario.side(server.side).port is not None:
                 try:
                     ensure_port_free(server.port, server.host)

@@ -3,6 +3,7 @@
 import pytest
 
 import rig.run.load_phase
+import rig.run.pair_load
 from rig.load.server_metrics import MetricsUnreadable, PhaseTime, ServerCounters
 from rig.records import REQUESTS_FILE
 from rig.run.load_phase import (
@@ -119,7 +120,7 @@ def level_run(tmp_path, monkeypatch, make_record):
                 results[job.target.side] = records
             return results
 
-        monkeypatch.setattr(rig.run.load_phase, "run_level", fake_run_level)
+        monkeypatch.setattr(rig.run.pair_load, "run_level", fake_run_level)
         monkeypatch.setattr(rig.run.load_phase, "read_counters", metrics or FakeMetrics())
         servers = {label: FakeServer(plan) for label, plan in ctx.plan.servers.items()}
         journal = open_journal(tmp_path)
