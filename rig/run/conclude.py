@@ -14,7 +14,7 @@ from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
 from rig.run.replay import AA_SIDE, aa_concurrency
-from rig.run.self_check import batched_answers
+from rig.run.self_check import batched_answers, self_check_level
 from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.logs import ADVISORY_LOG_KINDS
@@ -228,8 +228,9 @@ def build_outcome(
     hits = sum(p.hits for p in state.server_deltas)
     workload = scenario.workload
     candidate_alone = None
+    self_check_gated = scenario.gates.allow_self_check_beyond_aa >= 0
     if state.alone_records:
-        level = max(workload.concurrency)
+        level = self_check_level(scenario)
         candidate_alone = self_check(
             batched_answers(state, level),
             state.alone_records,
@@ -237,7 +238,7 @@ def build_outcome(
             scenario.gates.near_tie_margin,
             workload.max_tokens,
             {Side.CANDIDATE: state.alone_replayed, ALONE_SIDE: state.alone_replayed},
-            gated=scenario.gates.allow_self_check_beyond_aa >= 0,
+            gated=self_check_gated,
         )
     timing = timing_design(ctx, state.server_deltas, state.faults)
     raw_perf = perf_result(
@@ -273,7 +274,7 @@ def build_outcome(
                 self_check_gate(
                     candidate_alone, aa_pairs, scenario.gates.allow_self_check_beyond_aa
                 )
-                if scenario.gates.allow_self_check_beyond_aa >= 0
+                if self_check_gated
                 else None,
             )
             if g

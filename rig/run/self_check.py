@@ -9,10 +9,16 @@ from rig.load.engine import run_level
 from rig.load.replay_client import forced_sequences, replay_forced
 from rig.records import RequestRecord, Side, SideJob
 from rig.run.state import RunContext, RunState, finished
+from rig.scenario.config import Scenario
 from rig.scenario.workload import level_requests, tokenize_body
 from rig.serve.servers import Server
 from rig.verdict.drift import forced_positions
 from rig.verdict.self_check import ALONE_SIDE
+
+
+def self_check_level(scenario: Scenario) -> int:
+    """The level the self-check sends again alone: the highest, where batches are fullest."""
+    return max(scenario.workload.concurrency)
 
 
 def batched_answers(state: RunState, level: int) -> list[RequestRecord]:
@@ -32,7 +38,7 @@ def run_self_check(ctx: RunContext, state: RunState, candidate: Server) -> None:
     """Each request of the highest level alone (C=1) on the candidate server; its own cache
     salts, so no answer is read from the batched run's cache."""
     workload = ctx.scenario.workload
-    level = max(workload.concurrency)
+    level = self_check_level(ctx.scenario)
     batched = {r.request_id: r for r in batched_answers(state, level)}
     target = candidate.target(side=ALONE_SIDE)
     specs = [
