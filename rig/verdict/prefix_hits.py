@@ -91,17 +91,29 @@ def conversation_hits_gate(
 
 
 def hits_by_turn(records: list[RequestRecord]) -> list[TurnHits]:
-    """Cached tokens per conversation turn and side, over the finished measured records: what
-    the report shows (turn 0 computes the shared prefix, later turns read it)."""
+    """Cached tokens per conversation turn and side, over the finished measured requests that
+    both sides served: what the report shows (turn 0 computes the shared prefix, later turns
+    read it). A block that one side ran again after a JIT compile (rig.run.load_phase) has no
+    counterpart, so it would make equal hits look unequal."""
+    measured = [
+        r
+        for r in records
+        if r.turn is not None
+        and not r.warmup
+        and r.error is None
+        and r.side in (Side.REFERENCE, Side.CANDIDATE)
+    ]
+    sides_of: dict[str, set[str]] = {}
+    for record in measured:
+        sides_of.setdefault(record.request_id, set()).add(record.side)
     rows: dict[int, dict[str, int]] = {}
-    for record in records:
-        if record.turn is None or record.warmup or record.error is not None:
+    for record in measured:
+        if len(sides_of[record.request_id]) < 2:
             continue
         row = rows.setdefault(
             record.turn, dict.fromkeys(("n", "p", Side.REFERENCE, Side.CANDIDATE), 0)
         )
-        if record.side in (Side.REFERENCE, Side.CANDIDATE):
-            row[record.side] += record.cached_tokens or 0
+        row[record.side] += record.cached_tokens or 0
         if record.side == Side.REFERENCE:
             row["n"] += 1
             row["p"] += record.prompt_tokens or 0

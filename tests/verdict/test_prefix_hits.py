@@ -80,3 +80,16 @@ def test_hits_by_turn_sums_each_side_over_measured_finished_records():
     assert rows[0].prompt_tokens == 1400
     plain = empty_record(ServerTarget("reference", "http://127.0.0.1:1", "m"), spec(1))
     assert hits_by_turn([plain]) == []
+
+
+def test_hits_by_turn_leaves_out_a_block_only_one_side_ran():
+    """On the H200 the reference's C=4 block was run again after a JIT compile and the
+    candidate's was not: counting it showed 93,024 against 62,016 where the gate saw equal
+    hits."""
+    reference, candidate = sides([0, 640], [0, 640])
+    rerun = record("reference", 7, 1, 640)
+    rows = hits_by_turn([*reference, *candidate, rerun])
+    assert [(t.turn, t.requests, t.reference, t.candidate) for t in rows] == [
+        (0, 1, 0, 0),
+        (1, 1, 640, 640),
+    ]
