@@ -3,7 +3,8 @@ after each block, vLLM's prefix-cache counters (any hit means some prefill never
 under test), its per-request prefill / decode / queue time histograms (the server's side of the
 timings), the rig plugin's GDN prefill calls, their time and the JIT compilations it saw (a
 planted slowdown's size, the kernel's time per call, and a block that compiled), and the
-plugin's kernel proof; and its vLLM version (GET /version).
+plugin's kernel proof; and its vLLM version (GET /version). server_delta is what one server
+counted during one block.
 
 This is the one client and the one parser of /metrics: kernels/proof.py says what the plugin's
 own families mean, given the samples parsed here."""
@@ -21,6 +22,7 @@ import aiohttp
 from pydantic import SecretStr
 
 from kernels.proof import PLUGIN_METRICS, KernelProof, plugin_counters, proof_from_samples
+from rig.records import ServerDelta
 from rig.secrets import auth_headers
 
 PREFIX_CACHE = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
@@ -176,3 +178,38 @@ def served_version(
         return str(json.loads(text)["version"])
     except (OSError, TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
         return None
+
+
+def _difference(before: float | None, after: float | None):
+    return after - before if before is not None and after is not None else None
+
+
+def server_delta(
+    label: str,
+    level: int,
+    repeat: int,
+    before: ServerCounters,
+    after: ServerCounters,
+    started_at: float | None = None,
+    ended_at: float | None = None,
+) -> ServerDelta:
+    """What one server counted during one block."""
+    phases = {}
+    for name in ("prefill", "decode", "queue"):
+        first, last = getattr(before, name), getattr(after, name)
+        phases[f"{name}_seconds"] = _difference(first and first.seconds, last and last.seconds)
+        phases[f"{name}_requests"] = _difference(first and first.requests, last and last.requests)
+    return ServerDelta(
+        label,
+        level,
+        repeat,
+        queries=after.queries - before.queries,
+        hits=after.hits - before.hits,
+        gdn_prefill_calls=_difference(before.gdn_prefill_calls, after.gdn_prefill_calls),
+        gdn_timed_calls=_difference(before.gdn_timed_calls, after.gdn_timed_calls),
+        gdn_seconds=_difference(before.gdn_seconds, after.gdn_seconds),
+        jit_compiles=_difference(before.jit_compiles, after.jit_compiles),
+        **phases,
+        started_at=started_at,
+        ended_at=ended_at,
+    )

@@ -12,9 +12,14 @@ import functools
 import time
 
 from rig.load.pairs import run_pairs
-from rig.load.server_metrics import MetricsUnreadable, ServerCounters, read_server_counters
+from rig.load.server_metrics import (
+    MetricsUnreadable,
+    ServerCounters,
+    read_server_counters,
+    server_delta,
+)
 from rig.load.waves import GateUnavailable, ServerGate
-from rig.records import LevelFault, RequestRecord, ServerDelta, ServerTarget, Side, SideJob
+from rig.records import LevelFault, RequestRecord, ServerTarget, Side, SideJob
 from rig.run.pair_load import send_level
 from rig.run.state import RunContext, RunJournal
 from rig.run.turns import run_turns
@@ -22,6 +27,7 @@ from rig.scenario.config import SIDES
 from rig.scenario.workload import level_requests
 from rig.serve.logs import JIT_COMPILE, scan_log
 from rig.serve.placement import LoadSchedule, shard
+from rig.serve.ray_pairs import PairLost
 from rig.serve.servers import Server, ServerError
 from rig.verdict.intervals import TimingDesign
 from rig.verdict.speed import SpeedDesign, level_resolution
@@ -97,11 +103,11 @@ def stop_if_died(
         for label, server in servers.items():
             if server.exited() is not None:
                 affected = failed_requests(records, server.plan.side, server.plan.replica)
-                died = f"exit code {server.exited()}"
+                died = server.exit_reason()
                 fault = LevelFault(label, level, "server_died", died, affected, repeat)
                 journal.record_fault(fault)
                 raise ServerError(
-                    f"{label} server died during level C={level}; log "
+                    f"{label} server died during level C={level} ({died}); log "
                     f"{server.plan.log_path}:\n{server.log_tail()}"
                 )
         if time.monotonic() >= deadline:
@@ -193,41 +199,6 @@ def failed_requests(records: list[RequestRecord], side: str, replica: int) -> st
     return shown + (f" (+{more})" if more > 0 else "")
 
 
-def _difference(before: float | None, after: float | None):
-    return after - before if before is not None and after is not None else None
-
-
-def server_delta(
-    label: str,
-    level: int,
-    repeat: int,
-    before: ServerCounters,
-    after: ServerCounters,
-    started_at: float | None = None,
-    ended_at: float | None = None,
-) -> ServerDelta:
-    """What one server counted during one block."""
-    phases = {}
-    for name in ("prefill", "decode", "queue"):
-        first, last = getattr(before, name), getattr(after, name)
-        phases[f"{name}_seconds"] = _difference(first and first.seconds, last and last.seconds)
-        phases[f"{name}_requests"] = _difference(first and first.requests, last and last.requests)
-    return ServerDelta(
-        label,
-        level,
-        repeat,
-        queries=after.queries - before.queries,
-        hits=after.hits - before.hits,
-        gdn_prefill_calls=_difference(before.gdn_prefill_calls, after.gdn_prefill_calls),
-        gdn_timed_calls=_difference(before.gdn_timed_calls, after.gdn_timed_calls),
-        gdn_seconds=_difference(before.gdn_seconds, after.gdn_seconds),
-        jit_compiles=_difference(before.jit_compiles, after.jit_compiles),
-        **phases,
-        started_at=started_at,
-        ended_at=ended_at,
-    )
-
-
 def run_block(
     ctx: RunContext,
     journal: RunJournal,
@@ -268,11 +239,15 @@ def run_block(
             waves=waves,
         )
 
-    if ctx.conversations:
-        level_records = run_turns(ctx, targets, level, repeat, send, journal.state)
-    else:
-        results = send(level_jobs(ctx, targets, level, repeat))
-        level_records = [record for side_records in results.values() for record in side_records]
+    try:
+        if ctx.conversations:
+            level_records = run_turns(ctx, targets, level, repeat, send, journal.state)
+        else:
+            results = send(level_jobs(ctx, targets, level, repeat))
+            level_records = [record for records in results.values() for record in records]
+    except PairLost:  # the server that went with it names the fault
+        stop_if_died(journal, servers, level, repeat, [], wait_s=DEATH_WAIT_S)
+        raise
     ended = time.time()
     for label, server in servers.items():
         affected = failed_requests(level_records, server.plan.side, server.plan.replica)

@@ -1,6 +1,6 @@
 """A level's requests sent from this machine, or on a Ray cluster from each replica pair's own
-node (rig.serve.ray_pairs): the pair's client times its servers where they run, and its records
-come back here, to the journal, as the level's would from one machine."""
+node (rig.serve.ray_pairs): the pair's client times its servers where they run, and each record
+streams back here, to the journal, as it finishes, as a level's would on one machine."""
 
 from __future__ import annotations
 
@@ -29,14 +29,23 @@ def send_level(
         by_pair.setdefault(job.target.replica, []).append(job)
     options["progress"] = False  # a bar on a node's log helps no one
     calls = {
-        replica: partial(run_level, pair_jobs, concurrency, **options)
+        replica: partial(_pair_level, pair_jobs, concurrency, options)
         for replica, pair_jobs in by_pair.items()
     }
-    answers = run_on_pair_nodes(servers, calls)
+    answers = run_on_pair_nodes(servers, calls, on_record or _ignore)
     by_side: dict[str, list[RequestRecord]] = {}
     for replica in by_pair:
         for side, records in answers[replica].items():
             by_side.setdefault(side, []).extend(records)
-            for record in records if on_record is not None else ():
-                on_record(record)
     return by_side
+
+
+def _pair_level(
+    jobs: list[SideJob], concurrency: int, options: dict, emit: Callable[[RequestRecord], None]
+) -> dict[str, list[RequestRecord]]:
+    """On a pair's node: run_level over the pair's jobs, each record emitted as it finishes."""
+    return run_level(jobs, concurrency, on_record=emit, **options)
+
+
+def _ignore(record: RequestRecord) -> None:
+    """No journal to stream to."""

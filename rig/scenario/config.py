@@ -180,7 +180,7 @@ class SideConfig(_Served):
 
 class PlacementConfig(StrictModel):
     """How servers are laid out on the GPUs, or over a Ray cluster's nodes (rig.serve.placement
-    has the rules, rig.serve.ray_pairs the cluster)."""
+    has the rules, rig.serve.ray_cluster the cluster)."""
 
     replicas: int | None = Field(None, ge=1, description="pairs; default: as many as fit")
     share_gpus: bool | None = Field(

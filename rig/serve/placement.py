@@ -84,7 +84,7 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class ClusterNode:
-    """One live node of a Ray cluster and what it declares (rig.serve.ray_pairs reads them)."""
+    """One live node of a Ray cluster and what it declares (rig.serve.ray_cluster reads them)."""
 
     node_id: str
     address: str
@@ -238,9 +238,11 @@ def place_on_nodes(
     if pairs > len(order) or not launched:
         each = " + ".join(f"{v:g} {k}" for k, v in need.items())
         held = ", ".join(f"{n.describe()}: {n.cpus} CPU, {n.gpus} GPU" for n in nodes)
+        spans = on_gpus and tp > max(node.gpus for node in nodes)
         raise PlacementError(
             f"placement.backend=ray: {pairs} replica pairs need {len(launched)} x ({each}) "
             f"on one node each; the cluster holds {len(order)} ({held or 'no live node'})"
+            + ("; a side spanning nodes is not built (docs/ray.md)" if spans else "")
         )
     sites = order[:pairs]
     slots = []

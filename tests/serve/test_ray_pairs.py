@@ -12,12 +12,14 @@ import pytest
 from pydantic import ValidationError
 
 import rig.serve.preflight as preflight_module
+import rig.serve.ray_pairs as ray_pairs
 from rig.scenario.config import Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.placement import ClusterNode, PlacementError, place_on_nodes
 from rig.serve.plan import free_port, plan_servers
 from rig.serve.preflight import PreflightError, preflight, render_plan
-from rig.serve.ray_pairs import RAY_MISSING, WATCHDOG, ClusterUnavailable, connect
+from rig.serve.ray_cluster import RAY_MISSING, ClusterUnavailable, connect
+from rig.serve.ray_pairs import LOST, WATCHDOG, RayServer, RecordSink
 from tests.serve.test_preflight import own_install
 
 SIDES = ("reference", "candidate")
@@ -76,8 +78,11 @@ def test_a_cluster_too_small_for_the_pairs_is_one_line():
     assert message.startswith("placement.backend=ray: 3 replica pairs need 2 x (1 CPU)")
     assert "the cluster holds 2" in message
     gpu_node = (ClusterNode("g", "10.0.0.3", 32, 4),)
-    with pytest.raises(PlacementError, match="holds 0"):
+    with pytest.raises(PlacementError, match="holds 0") as refused:
         place_on_nodes(gpu_node, 4, SIDES, None)  # two sides of TP4 need 8 GPUs on one node
+    assert "spanning" not in str(refused.value)
+    with pytest.raises(PlacementError, match="a side spanning nodes is not built"):
+        place_on_nodes(gpu_node * 2, 8, SIDES, None)  # TP8 on nodes of 4 GPUs
 
 
 def test_each_server_listens_on_its_nodes_address_with_no_gpus_pinned(tmp_path):
@@ -175,3 +180,31 @@ def test_an_address_where_nothing_listens_is_one_line_at_once():
         f"placement.ray_address=127.0.0.1:{closed}: nothing answers (Connection refused)"
     )
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("code", "alive", "reason"),
+    [
+        (-9, True, "exit code -9"),  # the actor answers: the server itself died
+        (LOST, True, "its Ray actor died"),
+        (LOST, False, f"its Ray {CPU_NODES[1].describe()} was lost"),
+    ],
+)
+def test_a_ray_servers_end_names_the_server_its_actor_or_its_node(
+    tmp_path, monkeypatch, code, alive, reason
+):
+    plan = plan_servers(scenario(), "/m", tmp_path, Hardware(0, (0, 1)), nodes=CPU_NODES)
+    server = RayServer(plan.servers["reference-1"], node=CPU_NODES[1])
+    monkeypatch.setattr(RayServer, "exited", lambda self: code)
+    asked = []
+    monkeypatch.setattr(ray_pairs, "node_answers", lambda node_id: asked.append(node_id) or alive)
+    assert server.exit_reason() == reason
+    assert asked == ([] if code != LOST else [CPU_NODES[1].node_id])
+
+
+def test_the_record_sink_hands_over_each_record_once_in_the_order_sent():
+    sink = RecordSink()
+    for record in ("a", "b"):
+        sink.put(record)
+    assert sink.flush() is None
+    assert sink.take() == ["a", "b"] and sink.take() == []

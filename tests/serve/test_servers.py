@@ -101,7 +101,9 @@ def test_ctrl_c_inside_popen_still_stops_the_child(tmp_path, monkeypatch):
 def test_a_server_that_exits_fails_with_its_log_tail(tmp_path):
     script = "print('model weights are missing'); raise SystemExit(3)"
     with (
-        pytest.raises(ServerError, match="exited with code 3(.|\n)*model weights are missing"),
+        pytest.raises(
+            ServerError, match=r"before it was ready \(exit code 3\)(.|\n)*weights are missing"
+        ),
         ServerSet([_plan(tmp_path, [sys.executable, "-c", script])], startup_timeout_s=30),
     ):
         pass
