@@ -62,7 +62,7 @@ def hits_html(records: list[RequestRecord]) -> str:
                 cell(
                     "—" if c is None else f"{c:,}",
                     c or 0,
-                    "num" + (" bad" if c != cached[0] else ""),
+                    "num" + (" bad" if None not in (c, cached[0]) and c != cached[0] else ""),
                 )
                 for c in cached
             )

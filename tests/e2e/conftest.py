@@ -21,15 +21,32 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
 
 
+SESSION_ROOT: list[Path] = []  # this pytest session's temporary root, set once by the fixture
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_root(tmp_path_factory) -> Path:
+    """Every server the e2e tests start writes its log under this root (results folders,
+    foreign servers' logs): what tells this session's processes from another session's."""
+    root = tmp_path_factory.getbasetemp().resolve()
+    SESSION_ROOT[:] = [root]
+    return root
+
+
 def rig_processes() -> list[str]:
-    """Command lines of any vLLM server process still alive (started by the rig or vLLM)."""
+    """Command lines of this session's vLLM server processes still alive (started by the rig or
+    vLLM): those whose stdout is a file under the session's root. Another session's servers on
+    the same machine (a shared CI runner, a second checkout) do not count."""
+    (root,) = SESSION_ROOT
     found = []
-    for status in Path("/proc").glob("[0-9]*/cmdline"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            cmdline = status.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stdout = os.readlink(proc / "fd" / "1")
         except OSError:
             continue
-        if "rig.serve.vllm_entry" in cmdline or cmdline.startswith(("VLLM::", "VLLM:")):
+        is_vllm = "rig.serve.vllm_entry" in cmdline or cmdline.startswith(("VLLM::", "VLLM:"))
+        if is_vllm and stdout.startswith(f"{root}/"):
             found.append(cmdline.strip())
     return found
 

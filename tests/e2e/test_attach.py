@@ -85,3 +85,5 @@ def test_the_rig_stops_only_what_it_started(attached_run, foreign_reference):
     candidate_url = attached_run.manifest()["servers"]["candidate"]["base_url"]
     port = candidate_url.rsplit(":", 1)[1]
     assert not [p for p in rig_processes() if f"--port {port} " in p]
+    foreign_port = foreign_reference.rsplit(":", 1)[1]  # alive, and this session's: counted
+    assert [p for p in rig_processes() if f"--port {foreign_port} " in p]

@@ -54,3 +54,14 @@ def test_whole_reports_carry_the_turn_tables(outcome, make_record):
     assert "Prefix-cache hits by turn" in render_markdown(talk, pd.DataFrame())
     page = render_html(talk, pd.DataFrame(), PerfResult())
     assert "conversation turns hit by design" in page and "talk" in page
+
+
+def test_html_does_not_mark_a_request_only_one_side_ran(make_record):
+    """A block the reference ran again after a JIT compile: its requests show "—" for the
+    candidate, not a difference."""
+    rerun = make_record(
+        "reference", "c4-r1-0001", "text", conversation_id="talk", turn=1, cached_tokens=1280
+    )
+    page = hits_html([*turn_records(make_record), rerun])
+    assert "c4-r1-0001" in page and "—" in page
+    assert " bad" not in page
