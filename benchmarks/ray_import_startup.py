@@ -8,6 +8,7 @@ it were not installed). Prints each start, the means and their ratio, measured s
 """
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -56,11 +57,11 @@ def time_start(model: Path, hide_ray: Path | None, log: Path) -> float:
             return time.monotonic() - started
         finally:
             os.killpg(server.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):  # the engine core may outlive it
                 os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
+            server.wait()
 
 
 def main() -> None:
