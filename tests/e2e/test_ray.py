@@ -83,6 +83,15 @@ def cluster_state(address: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+def pair_one_answered(records: list[dict]) -> bool:
+    """Whether both sides of one of pair 1's requests are on record."""
+    sides: dict[str, set[str]] = {}
+    for record in records:
+        if record["replica"] == 1 and record["error"] is None:
+            sides.setdefault(record["request_id"], set()).add(record["side"])
+    return any(len(answered) == 2 for answered in sides.values())
+
+
 def parent_of(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
@@ -242,27 +251,24 @@ def test_a_server_that_never_gets_ready_on_ray_leaves_nothing(ray_cluster, start
 
 
 def test_a_lost_node_ends_the_run_with_its_word_keeps_what_streamed_and_leaves_nothing(
-    cluster, start_rig
+    cluster, start_rig, golden_cache
 ):
-    """The second node (pair 1's) is killed mid-level, once one of pair 1's records of that
-    level has streamed back; the run names the node, keeps that record, and no process of the
-    lost pair outlives it. A fresh second node is added back for any test after this one."""
+    """The second node (pair 1's) is killed mid-level, once both sides' answers to one of pair
+    1's requests have streamed back; the run names the node, keeps those records, and no process
+    of the lost pair outlives it. With a fresh second node added back, `--resume` finishes the run:
+    every request answered once, the verdict of a run never interrupted."""
     second = next(node for node in cluster.list_all_nodes() if not node.head)
-    rig = start_rig(
+    args = (
         *on_ray(cluster.address),
         *SMALL,
         "--set",
         "workload.max_tokens=48",
         "--set",
         "workload.concurrency=[2]",
-        name="ray-node-lost",
     )
+    rig = start_rig(*args, name="ray-node-lost")
     try:
-        rig.wait_for(
-            lambda: any(record["replica"] == 1 for record in rig.records()),
-            "a record of pair 1 streamed back",
-            timeout_s=400,
-        )
+        rig.wait_for(lambda: pair_one_answered(rig.records()), "a request pair", timeout_s=400)
         streamed = len(rig.records())
         cluster.remove_node(second, allow_graceful=False)
         run = rig.finish()
@@ -272,6 +278,30 @@ def test_a_lost_node_ends_the_run_with_its_word_keeps_what_streamed_and_leaves_n
     assert_could_not_be_made(run, "-1 server died during level C=2 (its Ray node ")
     assert "was lost)" in run.error_lines()[0]
     assert run.manifest()["verdict"]["word"] == "INCOMPLETE"
-    assert len(run.records()) >= streamed and any(r["replica"] == 1 for r in run.records())
+    assert len(run.records()) >= streamed and pair_one_answered(run.records())
+    state = cluster_state(cluster.address)
+    assert state["live_actors"] == [] and state["live_groups"] == []
+
+    resume = [
+        *("scenarios/smoke.yaml", "--cache-dir", str(golden_cache)),
+        *("--set", f"results_dir={run.run_dir.parent}", "--run-id", "ray-node-lost"),
+        *args,
+        "--resume",
+    ]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rig.run", *resume],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert run.manifest()["verdict"]["word"] == "identical"
+    answered = {}
+    for record in run.records():
+        key = (record["side"], record["replica"], record["request_id"])
+        answered[key] = answered.get(key, 0) + 1
+    assert len(answered) == 12 and set(answered.values()) == {1}  # 6 prompts, 2 sides
+    assert processes_logging_into(run.run_dir) == []
     state = cluster_state(cluster.address)
     assert state["live_actors"] == [] and state["live_groups"] == []
