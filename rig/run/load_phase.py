@@ -101,9 +101,9 @@ def stop_if_died(
     deadline = time.monotonic() + wait_s
     while True:
         for label, server in servers.items():
-            if server.exited() is not None:
+            if (code := server.exited()) is not None:
                 affected = failed_requests(records, server.plan.side, server.plan.replica)
-                died = server.exit_reason()
+                died = server.exit_reason(code)
                 fault = LevelFault(label, level, "server_died", died, affected, repeat)
                 journal.record_fault(fault)
                 raise ServerError(

@@ -50,12 +50,17 @@ def connect(address: str) -> Any:
             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
         )
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ClusterUnavailable(f"placement.ray_address={address}: {reason}") from None
+        raise ClusterUnavailable(f"placement.ray_address={address}: {first_line(exc)}") from None
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     return ray
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line (Ray's run over many), or its type's name if it says nothing."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _check_answers(address: str) -> None:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from rig.interrupts import interrupts_held
 from rig.serve.placement import ClusterNode, Placement, side_resources
 from rig.serve.plan import ServerPlan
-from rig.serve.ray_cluster import node_answers, ray_module
+from rig.serve.ray_cluster import first_line, node_answers, ray_module
 from rig.serve.servers import Server, ServerError
 
 ASK_TIMEOUT_S = 60.0  # an actor that does not answer a question in this time counts as lost
@@ -133,9 +133,8 @@ class RayServer(Server):
     def exited(self) -> int | None:
         return self._ask("exited", default=LOST)
 
-    def exit_reason(self) -> str:
+    def exit_reason(self, code: int) -> str:
         """The server's exit code, or what took it: its actor, or the node under it."""
-        code = self.exited()
         if code != LOST:
             return f"exit code {code}"
         if self.node is not None and not node_answers(self.node.node_id):
@@ -357,5 +356,4 @@ def _answer(ray: Any, replica: int, ref: Any) -> Any:
     except ray.exceptions.RayTaskError as exc:
         raise ServerError(f"a pair's load client failed on its node: {exc.cause}") from None
     except ray.exceptions.RayError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PairLost(f"pair {replica}'s load client was lost: {reason}") from None
+        raise PairLost(f"pair {replica}'s load client was lost: {first_line(exc)}") from None

@@ -87,9 +87,10 @@ class Server:
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
-    def exit_reason(self) -> str:
-        """How the server ended, for a fault's line (a Ray server names its actor or node)."""
-        return f"exit code {self.exited()}"
+    def exit_reason(self, code: int) -> str:
+        """How the server that exited with `code` ended, for a fault's line (a Ray server names
+        its actor or node)."""
+        return f"exit code {code}"
 
     def log_text(self, start: int = 0) -> str:
         try:
@@ -131,7 +132,7 @@ class Server:
             code = self.exited()
             if code is not None:
                 raise ServerError(
-                    f"{self.plan.side} server ended before it was ready ({self.exit_reason()})"
+                    f"{self.plan.side} server ended before it was ready ({self.exit_reason(code)})"
                     f"{root_cause(self.log_text())}; log {self.plan.log_path}:\n{self.log_tail()}"
                 )
             if self.healthy():

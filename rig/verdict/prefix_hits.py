@@ -92,32 +92,22 @@ def conversation_hits_gate(
 
 def hits_by_turn(records: list[RequestRecord]) -> list[TurnHits]:
     """Cached tokens per conversation turn and side, over the finished measured requests that
-    both sides served: what the report shows (turn 0 computes the shared prefix, later turns
-    read it). A block that one side ran again after a JIT compile (rig.run.load_phase) has no
-    counterpart, so it would make equal hits look unequal."""
-    measured = [
-        r
-        for r in records
-        if r.turn is not None
-        and not r.warmup
-        and r.error is None
-        and r.side in (Side.REFERENCE, Side.CANDIDATE)
-    ]
-    sides_of: dict[str, set[str]] = {}
-    for record in measured:
-        sides_of.setdefault(record.request_id, set()).add(record.side)
-    rows: dict[int, dict[str, int]] = {}
-    for record in measured:
-        if len(sides_of[record.request_id]) < 2:
-            continue
-        row = rows.setdefault(
-            record.turn, dict.fromkeys(("n", "p", Side.REFERENCE, Side.CANDIDATE), 0)
+    both sides served (the gate's pairs): what the report shows (turn 0 computes the shared
+    prefix, later turns read it). A block that one side ran again after a JIT compile
+    (rig.run.load_phase) has no counterpart, so it would make equal hits look unequal."""
+    measured = [r for r in records if r.turn is not None and not r.warmup and r.error is None]
+    pairs = _pairs(
+        [r for r in measured if r.side == Side.REFERENCE],
+        [r for r in measured if r.side == Side.CANDIDATE],
+    )
+    rows: dict[int, TurnHits] = {}
+    for ref, cand in pairs:
+        row = rows.get(ref.turn, TurnHits(ref.turn, 0, 0, 0, 0))
+        rows[ref.turn] = TurnHits(
+            ref.turn,
+            row.requests + 1,
+            row.prompt_tokens + (ref.prompt_tokens or 0),
+            row.reference + (ref.cached_tokens or 0),
+            row.candidate + (cand.cached_tokens or 0),
         )
-        row[record.side] += record.cached_tokens or 0
-        if record.side == Side.REFERENCE:
-            row["n"] += 1
-            row["p"] += record.prompt_tokens or 0
-    return [
-        TurnHits(turn, row["n"], row["p"], row[Side.REFERENCE], row[Side.CANDIDATE])
-        for turn, row in sorted(rows.items())
-    ]
+    return [rows[turn] for turn in sorted(rows)]

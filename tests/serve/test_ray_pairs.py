@@ -195,10 +195,9 @@ def test_a_ray_servers_end_names_the_server_its_actor_or_its_node(
 ):
     plan = plan_servers(scenario(), "/m", tmp_path, Hardware(0, (0, 1)), nodes=CPU_NODES)
     server = RayServer(plan.servers["reference-1"], node=CPU_NODES[1])
-    monkeypatch.setattr(RayServer, "exited", lambda self: code)
     asked = []
     monkeypatch.setattr(ray_pairs, "node_answers", lambda node_id: asked.append(node_id) or alive)
-    assert server.exit_reason() == reason
+    assert server.exit_reason(code) == reason
     assert asked == ([] if code != LOST else [CPU_NODES[1].node_id])
 
 
