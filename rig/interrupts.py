@@ -6,18 +6,32 @@ servers are stopped and a report of the partial results follows. While that repo
 report is finished, so an interrupted run always leaves a whole report. A second interrupt ends
 the process from the signal handler itself: an exception raised at an arbitrary point of
 pandas' or matplotlib's C code can be swallowed there, an exit cannot.
+
+SIGINT is handled even where the rig was started with it ignored: a script's background job
+(`python -m rig.run ... &`) inherits SIGINT ignored from its shell, and Python then keeps it
+ignored, so neither Ctrl-C's group signal nor `kill -INT` would stop the run. SIGHUP ignored at
+start (`nohup`) stays ignored: that one the user asked for.
+
+`RIG_HOLD_AT=<phase>` makes a run wait at that phase's start until an interrupt comes: how a
+test, or a CI wrapper's own check, sends Ctrl-C at a known point of a run without racing it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import NoReturn
 
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+HOLD_VARIABLE = "RIG_HOLD_AT"
+# The phases a run goes through, in order; each is a place RIG_HOLD_AT can name.
+PHASES = ("preflight", "install-probe", "server-start", "warm-up", "load", "replay", "report")
+HOLD_LIMIT_S = 600.0  # a hold nobody interrupts ends, and the run goes on
 
 
 def raise_interrupt(signum: int, _frame: FrameType | None) -> None:
@@ -25,11 +39,26 @@ def raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 
 
 def interrupts_raise() -> None:
-    """SIGTERM and SIGHUP act as Ctrl-C does (SIGINT keeps Python's own handler, which
-    asyncio.run replaces with its own, cancelling the running task first)."""
-    for signum in INTERRUPTS:
-        if signum != signal.SIGINT:
-            signal.signal(signum, raise_interrupt)
+    """SIGTERM and SIGHUP act as Ctrl-C does. SIGINT gets Python's own handler, also where it
+    was inherited ignored (asyncio.run replaces that handler with its own, cancelling the
+    running task first); SIGHUP inherited ignored stays ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, raise_interrupt)
+
+
+def hold_at(phase: str, released: Callable[[], bool] = lambda: False) -> None:
+    """Where RIG_HOLD_AT names `phase`, say so and wait until an interrupt raises here (or,
+    inside a deferred block, until `released` says one was noted)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}")
+    if os.environ.get(HOLD_VARIABLE) != phase:
+        return
+    print(f"rig: holding at {phase} until interrupted ({HOLD_VARIABLE})", flush=True)
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while not released() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @contextmanager

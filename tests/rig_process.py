@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from rig.records import REQUESTS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
+GROUP_EXIT_S = 10.0  # how long a finished run's leftover children may take to exit
 
 
 @dataclass
@@ -88,7 +90,8 @@ def processes_logging_into(folder: Path) -> list[int]:
 
 
 class LiveRig:
-    """A running `python -m rig.run`, in a session of its own as from a terminal."""
+    """A running `python -m rig.run`, in a session of its own as from a terminal; its output
+    is read line by line as it comes, so a test can wait for a line."""
 
     def __init__(
         self,
@@ -108,8 +111,20 @@ class LiveRig:
             preexec_fn=preexec_fn,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
+        self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, name), daemon=True)
+            for name, stream in (("stdout", self.process.stdout), ("stderr", self.process.stderr))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, name: str) -> None:
+        for line in stream:
+            self.lines[name].append(line)
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+        """Until `condition` holds (the timeout only bounds a run that never gets there)."""
         deadline = time.monotonic() + timeout_s
         while not condition():
             if self.process.poll() is not None:
@@ -119,6 +134,12 @@ class LiveRig:
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {what} within {timeout_s} s")
             time.sleep(0.02)
+
+    def wait_for_line(self, text: str, timeout_s: float = 120) -> None:
+        """Until the run has printed a line holding `text`."""
+        self.wait_for(
+            lambda: any(text in line for line in list(self.lines["stdout"])), repr(text), timeout_s
+        )
 
     def records(self) -> list[dict]:
         """The complete lines written so far (the last one may be half written)."""
@@ -134,17 +155,23 @@ class LiveRig:
             self.process.send_signal(signum)
 
     def finish(self, timeout_s: float = 300) -> RigRun:
+        """Wait for the run to end, then for every process of its group to be gone (a child it
+        did not wait for may still be exiting; bounded, so one that never goes is reported)."""
         try:
-            stdout, stderr = self.process.communicate(timeout=timeout_s)
+            self.process.wait(timeout=timeout_s)
         finally:
             if self.process.poll() is None:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-        time.sleep(0.2)  # children the rig did not wait for are still exiting
+        for reader in self._readers:
+            reader.join(timeout=GROUP_EXIT_S)  # a child still holding the pipe keeps it open
+        deadline = time.monotonic() + GROUP_EXIT_S
+        while group_members(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
         return RigRun(
             self.process.returncode,
-            stdout,
-            stderr,
+            "".join(self.lines["stdout"]),
+            "".join(self.lines["stderr"]),
             self.run_dir,
             group_members(self.process.pid),
         )

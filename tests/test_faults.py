@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rig.interrupts import HOLD_VARIABLE
 from rig.report.files import REPORT_FILES
 from rig.scenario.config import Scenario
 from rig.serve.hardware import Hardware
@@ -40,7 +41,6 @@ from tests.rig_process import (
     RigRun,
     assert_could_not_be_made,
     group_members,
-    processes_logging_into,
     read_records,
 )
 
@@ -343,6 +343,39 @@ def test_resume_after_an_interrupted_replay_replays_and_keeps_the_records(interr
     assert run.left_in_group == ()
 
 
+# -- SIGINT and SIGTERM at each phase a stub pair goes through -------------------------------------
+
+# The run holds at the phase (RIG_HOLD_AT) until the signal comes; the phases with real servers
+# (install probe, server start, warm-up) are in tests/e2e/test_faults.py.
+STUB_PHASES = ("preflight", "warm-up", "load", "replay", "report")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("phase", STUB_PHASES)
+def test_an_interrupt_at_each_phase_stops_the_run_and_never_passes(tmp_path, phase, signum):
+    with stub_pair() as (reference, candidate):
+        scenario = scenario_file(
+            tmp_path, reference.url, candidate.url, REPLAYED, warmup_requests=1
+        )
+        rig = start(scenario, f"hold-{phase}", env={HOLD_VARIABLE: phase})
+        rig.wait_for_line(f"rig: holding at {phase}")
+        rig.interrupt(signum)
+        run = rig.finish()
+    assert run.returncode == 2, run.stderr[-2000:]
+    (line,) = run.error_lines()
+    assert "interrupted" in line and "Traceback" not in run.stderr
+    assert run.left_in_group == ()
+    if phase == "preflight":  # nothing started, nothing to report
+        assert not (run.run_dir / "manifest.json").exists()
+        return
+    verdict = run.manifest()["verdict"]
+    assert verdict["word"] in ("INVALID", "INCOMPLETE") and not verdict["passed"]
+    completed = next(g for g in verdict["gates"] if g["name"] == "run completed")
+    assert not completed["passed"]
+    measured = [r for r in run.records() if r["error"] is None and not r["warmup"]]
+    assert len(measured) == (8 if phase in ("replay", "report") else 0)  # 4 prompts, 2 sides
+
+
 # -- SIGINT and SIGTERM while the report is written ------------------------------------------------
 
 
@@ -372,15 +405,16 @@ def interrupted_report(request, tmp_path_factory) -> InterruptedPhase:
 
 
 def test_an_interrupt_while_the_report_is_written_finishes_the_report(interrupted_report):
+    """The report is finished, then written again as a run that did not complete: an
+    interrupt never leaves a PASS behind."""
     run = interrupted_report.interrupted
-    assert run.returncode == 3, run.stderr[-2000:]  # the verdict's (INVALID): nothing cut short
-    assert run.error_lines() == [] and "Traceback" not in run.stderr
+    assert_could_not_be_made(run, "interrupted while the report was written")
     assert "rig: interrupted while the report is written: finishing it" in run.stdout
     assert run.read("report.html").rstrip().endswith("</html>")
     assert interrupted_report.verdict_then["word"] == "INVALID"
     gates = {gate["name"]: gate for gate in interrupted_report.verdict_then["gates"]}
-    assert gates["teacher-forced drift"]["passed"] and "run completed" not in gates
-    assert run.left_in_group == () and processes_logging_into(run.run_dir) == []
+    assert gates["teacher-forced drift"]["passed"] and not gates["run completed"]["passed"]
+    assert gates["run completed"]["detail"].startswith("interrupted while the report was written")
 
 
 def test_an_interrupt_while_the_report_is_written_loses_no_record(interrupted_report):
@@ -392,7 +426,9 @@ def test_resume_after_an_interrupted_report_keeps_every_record(interrupted_repor
     run = interrupted_report.resumed
     assert run.returncode == 3, run.stderr[-2000:]
     assert run.records() == interrupted_report.records_then
-    assert run.manifest()["verdict"] == interrupted_report.verdict_then
+    then = interrupted_report.verdict_then
+    completed = [g for g in then["gates"] if g["name"] != "run completed"]
+    assert run.manifest()["verdict"] == {**then, "gates": completed}
     assert run.left_in_group == ()
 
 

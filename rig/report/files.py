@@ -124,7 +124,7 @@ def render_junit(outcome: RunOutcome) -> bytes:
         name=f"rig.{outcome.scenario_name}",
         tests=str(len(outcome.pairs) + len(outcome.verdict.gates)),
         failures=str(
-            sum(p.substantive or bool(_gating(p)) for p in outcome.pairs)
+            sum(p.substantive or p.unclassified or bool(_gating(p)) for p in outcome.pairs)
             + len(outcome.verdict.failed_gates)
         ),
     )
@@ -143,11 +143,12 @@ def render_junit(outcome: RunOutcome) -> bytes:
             suite, "testcase", classname=f"rig.pairs.c{pair.level}", name=pair.request_id
         )
         problems = _gating(pair)
-        if pair.substantive:
+        if pair.substantive or pair.unclassified:
             d = pair.divergence
+            what = "substantive divergence" if pair.substantive else "unclassified divergence"
             problems.insert(
                 0,
-                f"substantive divergence at token {d.token_index}: "
+                f"{what} at token {d.token_index}: "
                 f"ref {d.reference_excerpt!r} / cand {d.candidate_excerpt!r}",
             )
         if problems:

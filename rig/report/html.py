@@ -33,7 +33,7 @@ from rig.verdict.speed import speed_headline
 
 
 def _verdict_class(word: VerdictWord, passed: bool) -> str:
-    if word in (VerdictWord.INVALID, VerdictWord.INCOMPLETE):
+    if word in (VerdictWord.INVALID, VerdictWord.INCOMPLETE, VerdictWord.UNCLASSIFIED):
         return "invalid"
     return "pass" if passed else "fail"
 
@@ -76,7 +76,9 @@ def verdict_section(outcome) -> str:
         f'<header id="verdict" class="verdict {_verdict_class(verdict.word, verdict.passed)}">',
         f'<div class="word">{esc(verdict.word)} — {status}</div>',
         f"<p>{c.pairs} request pairs: {c.identical} identical, {c.near_tie} near-tie, "
-        f"{c.substantive} substantive; {c.pathologies} pathologies; prefix-cache hits "
+        f"{c.substantive} substantive"
+        + (f", {c.unclassified} unclassified (no margin measured)" if c.unclassified else "")
+        + f"; {c.pathologies} pathologies; prefix-cache hits "
         f"{c.prefix_cache_hits:g}; teacher-forced drift mean {esc(number(c.drift_mean, 'nats', 4))}"
         f", max {esc(number(c.drift_max, 'nats', 4))}.</p>",
     ]
@@ -106,6 +108,7 @@ def floor_section(outcome) -> str:
         ("identical", c.identical, a and a.identical, ""),
         ("near-tie divergences", c.near_tie, a and a.near_tie, ""),
         ("substantive divergences", c.substantive, a and a.substantive, ""),
+        ("unclassified divergences", c.unclassified, a and a.unclassified, ""),
         ("gating pathologies", c.pathologies, a and a.pathologies, ""),
         ("drift mean, completion", c.drift_mean, a and a.drift_mean, "nats"),
         ("drift max, completion", c.drift_max, a and a.drift_max, "nats"),

@@ -74,17 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     identical = sum(p.identical for p in pairs)
     near = sum(1 for p in pairs if p.near_tie)
     substantive = sum(p.substantive for p in pairs)
+    unclassified = sum(p.unclassified for p in pairs)
     unanswered = sum(1 for p in pairs if not p.identical and p.divergence is None)
     print(
         f"{args.run_a}:{args.side_a} vs {args.run_b}:{args.side_b}: {len(pairs)} pairs, "
         f"{identical} identical, {near} near-tie, {substantive} substantive, "
-        f"{unanswered} with a failed request"
+        f"{unclassified} unclassified (no replay margin), {unanswered} with a failed request"
     )
     for pair in [p for p in pairs if not p.identical][:10]:
         d = pair.divergence
         where = f"token {d.token_index} ({d.kind}, margin {d.reference_margin})" if d else "-"
         print(f"  {pair.request_id} {pair.prompt_id}: {where}")
-    return ExitCode.PASS if substantive == 0 and unanswered == 0 else ExitCode.FAILED
+    if substantive or unanswered:
+        return ExitCode.FAILED
+    return ExitCode.INVALID if unclassified else ExitCode.PASS
 
 
 if __name__ == "__main__":

@@ -31,6 +31,12 @@ from rig.verdict.prefix_hits import conversation_hits_gate
 from rig.verdict.self_check import ALONE_SIDE, self_check, self_check_gate
 from rig.verdict.speed import SpeedDesign, apply_design, speed_design
 
+# Verdict words whose outputs differ beyond near-ties: no speed word compares such sides.
+OUTPUTS_DIFFER = {
+    VerdictWord.NOT_EQUIVALENT: "the candidate is NOT equivalent",
+    VerdictWord.UNCLASSIFIED: "texts part where no margin was measured",
+}
+
 
 def is_aa_run(scenario: Scenario) -> bool:
     """Reference against reference: both sides served alike (same install, flags, kernel)."""
@@ -290,7 +296,7 @@ def build_outcome(
         golden.source_run if golden is not None else None,
         golden.stored_at if golden is not None else None,
         interrupted=error.splitlines()[0] if error else None,
-        not_equivalent=verdict.word is VerdictWord.NOT_EQUIVALENT,
+        outputs_differ=OUTPUTS_DIFFER.get(verdict.word),
         aa_run=is_aa_run(scenario),
         resolution_pct=workload.speed_resolution_pct if timing.stage_one_blocks else None,
         budget_s=workload.speed_budget_s,

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import time
 
+from rig.interrupts import hold_at
 from rig.load.pairs import run_pairs
 from rig.load.server_metrics import (
     MetricsUnreadable,
@@ -131,6 +132,7 @@ def warm_up_level(
     whole = workload.requests_per_level or len(ctx.prompts)
     if workload.warmup_requests == 0:
         return
+    hold_at("warm-up")
     count = max(workload.warmup_requests or whole, level)
     for number in range(WARMUP_PASSES):
         before = counters(journal, servers, level, 0)
@@ -212,6 +214,7 @@ def run_block(
     pairs back to back; with `waves`, in gated waves); a server that died in it stops the run."""
     workload = ctx.scenario.workload
     targets = server_targets(servers)
+    hold_at("load")
     before = counters(journal, servers, level, repeat)
     offsets = {label: server.log_size() for label, server in servers.items()}
     started = time.time()

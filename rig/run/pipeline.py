@@ -20,7 +20,7 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import NoReturn
 
-from rig.interrupts import InterruptsDeferred, interrupts_raise
+from rig.interrupts import InterruptsDeferred, hold_at, interrupts_raise
 from rig.load.replay_records import REPLAY_FILE, write_replay
 from rig.records import REQUESTS_FILE, ExitCode
 from rig.report.files import remove_report, write_report
@@ -52,6 +52,11 @@ from rig.verdict.outcome import RunOutcome
 
 RIG_ERROR_FILE = "rig-error.txt"  # the traceback of a failure of the rig's own
 REPORT_NOTICE = "rig: interrupted while the report is written: finishing it (again to stop at once)"
+INTERRUPTED = "interrupted (Ctrl-C or SIGTERM); servers stopped, partial results kept"
+REPORT_INTERRUPTED = (
+    "interrupted while the report was written; every measurement had finished, the report is "
+    "whole and its word says the run did not complete"
+)
 
 
 @dataclass
@@ -221,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         hardware = Hardware.detect()
         if args.assume_gpus is not None:
             hardware = Hardware.assume_gpus(args.assume_gpus)
+        hold_at("preflight")
         checked = preflight(scenario, run_dir, hardware)
         if args.plan:
             print(render_plan(checked, len(prompts)))
@@ -249,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the results folder cannot be written
         print(f"rig: error: results folder {run_dir}: {exc}", file=sys.stderr)
         return ExitCode.ERROR
+    except KeyboardInterrupt:
+        print("rig: error: interrupted before any server started; nothing ran", file=sys.stderr)
+        return ExitCode.ERROR
     golden = runner.golden.entry
     mode = runner.ctx.plan.placement.describe()
     if golden is not None:
@@ -264,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     except ServerError as exc:
         error = str(exc)
     except KeyboardInterrupt:
-        error = "interrupted (Ctrl-C or SIGTERM); servers stopped, partial results kept"
+        error = INTERRUPTED
     except OSError as exc:  # the results folder stopped taking writes: no report can follow
         print(
             f"rig: error: writing the results failed ({exc}); servers stopped, the records "
@@ -280,14 +289,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         runner.journal.sink.close()
-    with InterruptsDeferred(REPORT_NOTICE, lambda: _stop_reporting(run_dir)):
+    with InterruptsDeferred(REPORT_NOTICE, lambda: _stop_reporting(run_dir)) as deferred:
+        hold_at("report", released=lambda: deferred.received is not None)
         runner.state.timings["wall_s"] = time.monotonic() - wall_start
         if error is None:
             runner.store_golden()
         try:
             write_replay(run_dir / REPLAY_FILE, runner.state.sequences, runner.state.forced)
+            decode = model_decoder(runner.ctx.model_path)
             outcome = runner.outcome(error)
-            paths = write_report(outcome, model_decoder(runner.ctx.model_path))
+            paths = write_report(outcome, decode)
+            if deferred.received is not None and error is None:
+                # Never PASS after an interrupt: the report is written again as not completed.
+                error = REPORT_INTERRUPTED
+                outcome = runner.outcome(error)
+                paths = write_report(outcome, decode)
         except Exception as exc:  # the raw results are on disk; say where, keep the traceback
             (run_dir / "report-error.txt").write_text(traceback.format_exc())
             print(
@@ -297,11 +313,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return ExitCode.ERROR
-    if golden is not None:
-        print(cost_comparison(golden.timings, runner.state.timings), flush=True)
-    print((run_dir / "summary.md").read_text(encoding="utf-8"))
-    print(f"rig: report: {paths['report.html']}")
-    if error is not None:
-        print(f"rig: error: {error}", file=sys.stderr)
-        return ExitCode.ERROR
+        if golden is not None:
+            print(cost_comparison(golden.timings, runner.state.timings), flush=True)
+        print((run_dir / "summary.md").read_text(encoding="utf-8"))
+        print(f"rig: report: {paths['report.html']}")
+        if error is not None:
+            print(f"rig: error: {error}", file=sys.stderr)
+            return ExitCode.ERROR
     return outcome.verdict.exit_code()

@@ -3,6 +3,7 @@ behind every divergence) and the A/A control on the reference server."""
 
 from __future__ import annotations
 
+from rig.interrupts import hold_at
 from rig.load.engine import run_level
 from rig.load.replay_client import forced_sequences, replay_forced
 from rig.records import ServerTarget, Side, SideJob
@@ -27,6 +28,7 @@ def run_drift(ctx: RunContext, state: RunState, servers: dict[str, Server]) -> N
     sequences are built from the reference's records the first time a reference runs."""
     if not ctx.scenario.drift.enabled:
         return
+    hold_at("replay")
     targets = server_targets(servers)
     if Side.REFERENCE in targets and not state.sequences:
         bodies = {p.id: tokenize_body(p, ctx.scenario.workload) for p in ctx.prompts}

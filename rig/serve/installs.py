@@ -28,6 +28,7 @@ from pathlib import Path
 from kernels.backends import UnsupportedVllmError, check_vllm_version
 from kernels.registry import UnknownKernelError, resolve_kernel
 from rig import PROJECT_ROOT
+from rig.interrupts import hold_at
 from rig.scenario.config import SIDES, Scenario, SideConfig
 from rig.serve.install_probe import PLUGIN_GROUP, PLUGIN_VALUE, facts
 
@@ -163,6 +164,7 @@ def _probe(python: str, env: dict[str, str], kernel: str | None, only_kernel: bo
     argv = [python, "-m", "rig.serve.install_probe"]
     argv += ["--kernel", kernel] if kernel else []
     argv += ["--no-facts"] if only_kernel else []
+    hold_at("install-probe")
     try:
         done = subprocess.run(
             argv, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False

@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rig.interrupts import interrupts_held
+from rig.interrupts import hold_at, interrupts_held
 from rig.records import ServerTarget
 from rig.secrets import auth_headers, redact_file, redact_text
 from rig.serve.logs import root_cause
@@ -200,6 +200,7 @@ class ServerSet:
                         last_on_gpu[gpu].wait_ready(self.startup_timeout_s)
                 server.start()
                 last_on_gpu.update(dict.fromkeys(server.plan.gpu_ids, server))
+                hold_at("server-start")
             for server in self.servers.values():
                 server.wait_ready(self.startup_timeout_s)
         except BaseException:

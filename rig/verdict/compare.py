@@ -28,6 +28,10 @@ from rig.records import (
 )
 
 EXCERPT_CHARS = 40
+# Pathologies of the text itself: what any other continuation can do after a token flipped.
+TEXT_CONSEQUENCES = frozenset(
+    {"repetition_loop", "length_runaway", "empty_output", "replacement_char", "invalid_utf8"}
+)
 DivergenceKind = Literal["near_tie", "substantive", "unclassified"]
 
 # Each side's replay along the reference completions: side -> completion -> positions
@@ -83,7 +87,8 @@ class PairResult:
 
     @property
     def substantive(self) -> bool:
-        return self.divergence is not None and not self.near_tie
+        """Its text differs where the measured margin is no near-tie."""
+        return self.divergence is not None and self.divergence.kind == "substantive"
 
     @property
     def near_tie(self) -> bool:
@@ -91,8 +96,20 @@ class PairResult:
         return self.divergence is not None and self.divergence.kind == "near_tie"
 
     @property
+    def unclassified(self) -> bool:
+        """Its text differs where no margin was measured (no replay of it): neither a near-tie
+        nor a substantive divergence, as far as the run can tell."""
+        return self.divergence is not None and self.divergence.kind == "unclassified"
+
+    @property
     def gating_pathologies(self) -> list[Pathology]:
         return [p for p in self.pathologies if p.gating]
+
+    def after_near_tie(self, pathology: Pathology) -> bool:
+        """Whether `pathology` follows this pair's near-tie divergence and is of a kind that a
+        different token brings about by itself (a loop, a long or empty answer, a split
+        character): the flip's consequence, which a correct kernel's bf16 noise can have too."""
+        return self.near_tie and pathology.kind in TEXT_CONSEQUENCES
 
     def as_row(self) -> dict:
         row = {

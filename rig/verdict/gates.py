@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from kernels.backends import CPU_NATIVE, reference_kernel_name
 from kernels.proof import InitialStateCounts
@@ -22,7 +21,9 @@ from rig.records import ExitCode, Side
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
+from rig.verdict.pathologies import pathologies_gate
 from rig.verdict.perf_records import CLIENT_METRICS, LevelComparison, PerfResult
+from rig.verdict.words import Gate, GateKind, VerdictWord
 
 
 @dataclass(frozen=True)
@@ -44,33 +45,6 @@ class SideKernel:
         )
 
 
-class GateKind(StrEnum):
-    """What a failed gate says about the run, and so which word the verdict takes."""
-
-    VALIDITY = "validity"  # the run cannot vouch for the kernel under test: INVALID
-    EQUIVALENCE = "equivalence"  # the outputs differ beyond the bounds: NOT equivalent
-    PERFORMANCE = "performance"  # fails the run, leaves the word alone
-
-
-class VerdictWord(StrEnum):
-    """The word that goes first in every report."""
-
-    IDENTICAL = "identical"
-    NEAR_TIES_IN_FLOOR = "equivalent up to near-ties within the A/A noise floor"
-    NEAR_TIES = "equivalent up to near-ties"
-    NOT_EQUIVALENT = "NOT equivalent"
-    INVALID = "INVALID"
-    INCOMPLETE = "INCOMPLETE"  # the run did not complete, and what it compared shows no failure
-
-
-@dataclass(frozen=True)
-class Gate:
-    name: str
-    passed: bool
-    detail: str
-    kind: GateKind = GateKind.EQUIVALENCE
-
-
 @dataclass(frozen=True)
 class Counts:
     pairs: int
@@ -83,6 +57,7 @@ class Counts:
     drift_max: float
     drift_errors: int
     prompt_drift_mean: float = math.nan
+    unclassified: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,7 +79,8 @@ class Verdict:
             return ExitCode.ERROR
         if self.passed:
             return ExitCode.PASS
-        return ExitCode.INVALID if self.word is VerdictWord.INVALID else ExitCode.FAILED
+        undecided = (VerdictWord.INVALID, VerdictWord.UNCLASSIFIED)
+        return ExitCode.INVALID if self.word in undecided else ExitCode.FAILED
 
 
 def count(
@@ -112,6 +88,7 @@ def count(
 ) -> Counts:
     near = sum(1 for p in pairs if p.near_tie)
     substantive = sum(1 for p in pairs if p.substantive)
+    unclassified = sum(1 for p in pairs if p.unclassified)
     gating = sum(len(p.gating_pathologies) for p in pairs)
     measured = [d for d in drift if d.error is None]
     return Counts(
@@ -127,6 +104,7 @@ def count(
         prompt_drift_mean=(
             sum(d.prompt_mean_abs for d in measured) / len(measured) if measured else math.nan
         ),
+        unclassified=unclassified,
     )
 
 
@@ -240,12 +218,8 @@ def decide(
             f"{counts.substantive} substantive (allowed {g.max_substantive_divergences}); "
             f"{counts.near_tie} near-ties at margin <= {g.near_tie_margin}",
         ),
-        Gate(
-            "pathologies",
-            counts.pathologies + log_faults <= g.max_pathologies,
-            f"{counts.pathologies} candidate-only or transport pathologies, "
-            f"{log_faults} server-log faults (allowed {g.max_pathologies})",
-        ),
+        _unclassified_gate(counts.unclassified),
+        pathologies_gate(pairs, aa_pairs, log_faults, g.max_pathologies),
         prefix_gate
         or Gate(
             "prefix-cache hits",
@@ -305,6 +279,18 @@ def decide(
         aa_counts=aa_counts,
         notes=notes,
     )
+
+
+def _unclassified_gate(unclassified: int) -> Gate:
+    """Texts that part where no margin was measured: the run cannot call them near-ties or
+    substantive, so it cannot pass them either."""
+    detail = f"{unclassified} pairs differ with no logprob margin measured where they part"
+    if unclassified:
+        detail += (
+            " (the teacher-forced replay did not reach them: drift.enabled: false, or their "
+            "replay failed); set drift.enabled: true to classify them"
+        )
+    return Gate("unclassified divergences", not unclassified, detail, GateKind.UNCLASSIFIED)
 
 
 def _performance_gate(levels: tuple[LevelComparison, ...], allowed_pct: float) -> Gate:
@@ -377,6 +363,8 @@ def verdict_word(gates: list[Gate], counts: Counts, aa_counts: Counts | None) ->
         return VerdictWord.INVALID
     if GateKind.EQUIVALENCE in failed:
         return VerdictWord.NOT_EQUIVALENT
+    if GateKind.UNCLASSIFIED in failed:
+        return VerdictWord.UNCLASSIFIED
     if counts.identical == counts.pairs and counts.pairs > 0:
         return VerdictWord.IDENTICAL
     if aa_counts is not None and counts.near_tie <= aa_counts.pairs - aa_counts.identical:

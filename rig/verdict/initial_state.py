@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from rig.records import RequestRecord, Side
 from rig.scenario.config import SIDES
-from rig.verdict.gates import Gate, GateKind, SideKernel
+from rig.verdict.gates import SideKernel
+from rig.verdict.words import Gate, GateKind
 
 
 def initial_state_gate(kernels: dict[str, SideKernel]) -> Gate:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rig.records import RequestRecord, Side
-from rig.verdict.gates import Gate, GateKind
+from rig.verdict.words import Gate, GateKind
 
 PREFIX_GATE = "prefix-cache hits"
 SHOWN = 3  # differing requests named in the gate's line

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from rig.records import RequestRecord
 from rig.verdict.compare import PairResult, Replayed, compare_pairs
-from rig.verdict.gates import Gate
+from rig.verdict.words import Gate
 
 ALONE_SIDE = "candidate-alone"
 
@@ -27,7 +27,8 @@ class SelfCheckCounts:
     pairs: int  # of those, the ones also answered alone and compared
     identical: int
     near_tie: int
-    substantive: int  # classified by the margin, or left unclassified (no replay)
+    substantive: int  # classified by the margin
+    unclassified: int = 0  # no margin measured where the texts part (no replay of them)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -49,6 +50,7 @@ class SelfCheck:
             identical=sum(p.identical for p in self.pairs),
             near_tie=sum(p.near_tie for p in self.pairs),
             substantive=sum(p.substantive for p in self.pairs),
+            unclassified=sum(p.unclassified for p in self.pairs),
         )
 
     def describe(self) -> str:
@@ -66,7 +68,9 @@ class SelfCheck:
         else:
             found = (
                 f"{scope}: {differ} wrote other text alone than inside batches "
-                f"({c.near_tie} near-tie, {c.substantive} substantive)"
+                f"({c.near_tie} near-tie, {c.substantive} substantive"
+                + (f", {c.unclassified} unclassified" if c.unclassified else "")
+                + ")"
             )
         if self.gated:
             return f"{head}: {found}; gated against the A/A floor (see the gates)"

@@ -85,14 +85,15 @@ def speed_design(
     golden_stored: str | None = None,
     *,
     interrupted: str | None = None,
-    not_equivalent: bool = False,
+    outputs_differ: str | None = None,
     aa_run: bool = False,
     resolution_pct: float | None = None,
     budget_s: float | None = None,
 ) -> SpeedDesign:
     """The design of a run: a reference from the golden cache is not comparable, nor is a
-    candidate whose outputs differ; one block per level, or an interrupted run, is not a
-    measurement of speed; two or more blocks of both sides in this run are."""
+    candidate whose outputs differ (`outputs_differ` says how); one block per level, or an
+    interrupted run, is not a measurement of speed; two or more blocks of both sides in this
+    run are."""
     extra = {"aa_run": aa_run, "resolution_pct": resolution_pct, "budget_s": budget_s}
     if golden_run is not None:
         when = f", stored {golden_stored}" if golden_stored else ""
@@ -102,10 +103,8 @@ def speed_design(
             "--no-cache measures both sides in this run)",
             **extra,
         )
-    if not_equivalent:
-        return SpeedDesign(
-            False, "not comparable (outputs differ: the candidate is NOT equivalent)", **extra
-        )
+    if outputs_differ is not None:
+        return SpeedDesign(False, f"not comparable (outputs differ: {outputs_differ})", **extra)
     if interrupted is not None:
         return SpeedDesign(False, f"not measured (the run did not complete: {interrupted})")
     if blocks < 2 and resolution_pct is None:

@@ -122,9 +122,14 @@ def run_rig(tmp_path_factory, tiny_model, golden_cache):
 def start_rig(tmp_path_factory, tiny_model, golden_cache):
     """Start `python -m rig.run` like a user and watch it run; returns a LiveRig."""
 
-    def start(*args: str, scenario: str = "scenarios/smoke.yaml", name: str = "run") -> LiveRig:
+    def start(
+        *args: str, scenario: str = "scenarios/smoke.yaml", name: str = "run", **options
+    ) -> LiveRig:
+        """`options` go to LiveRig (env, preexec_fn)."""
         results = tmp_path_factory.mktemp("results")
-        return LiveRig(_rig_args(scenario, golden_cache, results, name, *args), results / name)
+        return LiveRig(
+            _rig_args(scenario, golden_cache, results, name, *args), results / name, **options
+        )
 
     return start
 

@@ -25,6 +25,14 @@ def ns3_run(ns4_run, run_rig) -> RigRun:
     return run_rig("--set", "candidate.kernel=ns3", name="control-ns3")
 
 
+@pytest.fixture(scope="module")
+def ns3_without_drift(run_rig) -> RigRun:
+    """ns3 with the teacher-forced replay off: its texts differ, and no margin says how."""
+    return run_rig(
+        "--set", "candidate.kernel=ns3", "--set", "drift.enabled=false", name="control-ns3-blind"
+    )
+
+
 def test_reference_against_itself_is_identical_with_zero_drift(aa_run):
     assert aa_run.returncode == 0, aa_run.stdout[-3000:] + aa_run.stderr[-2000:]
     verdict = aa_run.manifest()["verdict"]
@@ -70,3 +78,17 @@ def test_ns3_report_shows_the_evidence(ns3_run):
     html = ns3_run.read("report.html")
     assert "<mark>" in html and "reference margin" in html
     assert rig_processes() == []
+
+
+def test_without_drift_differing_text_is_unclassified_never_substantive_or_pass(
+    ns3_without_drift,
+):
+    run = ns3_without_drift
+    assert run.returncode == 3, run.stdout[-3000:] + run.stderr[-2000:]
+    verdict = run.manifest()["verdict"]
+    assert verdict["word"] == "text differs, unclassified" and not verdict["passed"]
+    counts = verdict["counts"]
+    assert counts["unclassified"] > 0 and counts["substantive"] == counts["near_tie"] == 0
+    gate = next(g for g in verdict["gates"] if g["name"] == "unclassified divergences")
+    assert not gate["passed"] and "set drift.enabled: true" in gate["detail"]
+    assert "unclassified (no margin measured)" in run.read("summary.md")

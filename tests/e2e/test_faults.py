@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rig.interrupts import HOLD_VARIABLE
 from tests.rig_process import RigRun, assert_could_not_be_made, processes_logging_into
 
 API_KEY = "sk-rig-e2e-7c1f0b9d2e"
@@ -120,10 +123,40 @@ def test_a_server_that_never_becomes_ready_exits_2_and_leaves_no_process(start_r
     assert _candidate_records(run) == [] and run.manifest()["verdict"]["word"] == "INVALID"
 
 
-def test_ctrl_c_while_the_servers_start_stops_them(start_rig):
-    rig = start_rig(name="ctrl-c-at-startup")
-    rig.wait_for(lambda: processes_logging_into(rig.run_dir) != [], "a server process")
+# The phases of a run with real servers (or with the probe of a side's own interpreter) at
+# which a Ctrl-C must stop it; the stub-driven phases are in tests/test_faults.py. The run holds
+# at the phase (RIG_HOLD_AT) until the signal comes: no race with the machine's speed.
+SERVER_PHASES = ("install-probe", "server-start", "warm-up")
+STOP_WITHIN_S = 30.0  # from the signal to the rig's exit, servers stopped
+
+
+@pytest.mark.parametrize("phase", SERVER_PHASES)
+def test_ctrl_c_at_each_phase_stops_the_run_and_its_servers(start_rig, phase):
+    own_python = ("--set", f"candidate.python={sys.executable}") if phase == "install-probe" else ()
+    rig = start_rig(*own_python, name=f"ctrl-c-at-{phase}", env={HOLD_VARIABLE: phase})
+    rig.wait_for_line(f"rig: holding at {phase}", timeout_s=300)
+    sent = time.monotonic()
+    rig.interrupt(signal.SIGINT)
+    run = rig.finish()
+    assert time.monotonic() - sent < STOP_WITHIN_S
+    assert_could_not_be_made(run, "interrupted")
+    assert _candidate_records(run) == []
+    if phase == "install-probe":  # before any server: nothing to report
+        assert not (run.run_dir / "manifest.json").exists()
+    else:
+        assert run.manifest()["verdict"]["word"] in ("INVALID", "INCOMPLETE")
+
+
+def test_ctrl_c_stops_a_run_started_with_sigint_ignored(start_rig):
+    """A script's background job (`rig ... &`) inherits SIGINT ignored; the rig takes it all
+    the same."""
+    rig = start_rig(
+        name="ctrl-c-ignored",
+        env={HOLD_VARIABLE: "server-start"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    rig.wait_for_line("rig: holding at server-start", timeout_s=300)
     rig.interrupt(signal.SIGINT)
     run = rig.finish()
     assert_could_not_be_made(run, "interrupted")
-    assert _candidate_records(run) == [] and run.manifest()["verdict"]["word"] == "INVALID"
+    assert run.manifest()["verdict"]["word"] == "INVALID"

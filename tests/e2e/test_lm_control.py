@@ -44,6 +44,27 @@ def lm_ns3_run(run_rig, lm_model, lm_ns4_run) -> RigRun:
     )
 
 
+@pytest.fixture(scope="module")
+def lm_aa_without_drift(run_rig, lm_model) -> RigRun:
+    """The reference against itself with the replay off: chunked prefill under load makes two
+    reference servers part at near-ties (about a third of the pairs here), and nothing
+    measures their margins."""
+    return run_rig(
+        "--set",
+        f"model.name={lm_model}",
+        "--set",
+        "candidate.kernel=null",
+        "--set",
+        "drift.enabled=false",
+        "--set",
+        "control.aa=false",
+        "--set",
+        "workload.prompts=[{prompt_set: mt-bench, limit: 40}]",
+        scenario=SCENARIO,
+        name="lm-aa-blind",
+    )
+
+
 def from_mt_bench(prompt_id: str) -> bool:
     return prompt_id.startswith("mt-bench-")
 
@@ -148,3 +169,15 @@ def test_bisect_traces_an_ns3_divergence_to_the_planted_gdn_layer(lm_ns3_run):
     ports = {argv[argv.index("--port") + 1] for argv in result["servers"].values()}
     assert len(ports) == 2
     assert not [p for p in rig_processes() for port in ports if f"--port {port} " in p]
+
+
+def test_an_aa_run_without_drift_whose_texts_differ_is_neither_pass_nor_substantive(
+    lm_aa_without_drift,
+):
+    run = lm_aa_without_drift
+    verdict = run.manifest()["verdict"]
+    counts = verdict["counts"]
+    assert counts["pairs"] == 40 and counts["unclassified"] == counts["pairs"] - counts["identical"]
+    assert counts["unclassified"] > 0, "no pair differed: nothing to classify in this run"
+    assert counts["substantive"] == counts["near_tie"] == 0
+    assert verdict["word"] == "text differs, unclassified" and run.returncode == 3

@@ -53,9 +53,17 @@ def near_tie_pair(make_record):
 
 # Both sides' replay along the near-tie pair's reference completion (the timed records carry
 # no logprobs): each side's top-k at the divergent token.
+# The substantive pair's (q1): the reference was sure of its second token.
+SURE = [TokenLogprob(7, -0.01, {7: -0.01, 3: -6.0}), TokenLogprob(8, -0.02, {8: -0.02, 9: -5.0})]
 REPLAYED = {
-    "reference": {("p0", (5,)): [TokenLogprob(5, -0.6, {5: -0.6, 6: -0.7})]},
-    "candidate": {("p0", (5,)): [TokenLogprob(5, -0.66, {6: -0.65, 5: -0.66})]},
+    "reference": {
+        ("p0", (5,)): [TokenLogprob(5, -0.6, {5: -0.6, 6: -0.7})],
+        ("p1", (7, 8)): SURE,
+    },
+    "candidate": {
+        ("p0", (5,)): [TokenLogprob(5, -0.66, {6: -0.65, 5: -0.66})],
+        ("p1", (7, 8)): SURE,
+    },
 }
 
 
@@ -68,8 +76,10 @@ def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
         records = [
             make_record("reference", "q0", text="same answer"),
             make_record("candidate", "q0", text="same answer"),
-            make_record("reference", "q1", text="The answer is 4."),
-            make_record("candidate", "q1", text=f"The answer is {SCRIPT}"),
+            make_record("reference", "q1", "The answer is 4.", prompt_id="p1", token_ids=[7, 8]),
+            make_record(
+                "candidate", "q1", f"The answer is {SCRIPT}", prompt_id="p1", token_ids=[7, 9]
+            ),
             make_record("reference", "q2", text="fine"),
             make_record("candidate", "q2", text="", error=error, http_status=500),
             make_record("reference", "q3", text="", error=timeout),

@@ -45,8 +45,8 @@ def test_main_compares_two_stored_runs(make_record, tmp_path, capsys):
         tmp_path / "c",
         [make_record("candidate", "q0"), make_record("candidate", "q1", text="else")],
     )
-    assert compare_main([str(run_a), str(other)]) == 1
-    assert "1 substantive" in capsys.readouterr().out
+    assert compare_main([str(run_a), str(other)]) == 3  # no replay: no margin to judge by
+    assert "0 substantive, 1 unclassified" in capsys.readouterr().out
 
 
 def test_main_classifies_from_the_runs_replays(make_record, tmp_path, capsys):
@@ -64,7 +64,7 @@ def test_main_classifies_from_the_runs_replays(make_record, tmp_path, capsys):
     assert compare_main([str(runs["a"]), str(runs["b"])]) == 0
     assert "1 near-tie, 0 substantive" in capsys.readouterr().out
     (runs["b"] / REPLAY_FILE).unlink()
-    assert compare_main([str(runs["a"]), str(runs["b"])]) == 1
+    assert compare_main([str(runs["a"]), str(runs["b"])]) == 3
     assert "token 2 (unclassified" in capsys.readouterr().out
 
 

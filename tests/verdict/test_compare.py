@@ -186,12 +186,12 @@ def test_timed_logprobs_are_not_read(make_record):
     assert first_divergence(ref, cand, MARGIN, replayed).kind == "substantive"
 
 
-def test_unclassified_counts_as_substantive_in_the_pair(make_record):
+def test_a_divergence_with_no_margin_is_unclassified_never_substantive_or_near_tie(make_record):
     ref = make_record("reference", text="ab")
     cand = make_record("candidate", text="ac")
     (pair,) = compare_pairs([ref], [cand], MARGIN)
     assert pair.divergence.kind == "unclassified"
-    assert pair.substantive
+    assert pair.unclassified and not pair.substantive and not pair.near_tie
 
 
 # --- pathologies of one response ---------------------------------------------------------------

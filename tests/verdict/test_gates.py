@@ -112,10 +112,19 @@ def test_substantive_divergence_is_not_equivalent():
     assert [g.name for g in result.failed_gates] == ["substantive divergences"]
 
 
-def test_unclassified_divergence_counts_as_substantive():
-    result = verdict([pair("u", "unclassified")])
-    assert result.counts.substantive == 1
-    assert result.word == "NOT equivalent"
+def test_an_unclassified_divergence_is_neither_substantive_nor_a_pass():
+    result = verdict([pair("u", "unclassified"), pair("q")])
+    assert (result.counts.substantive, result.counts.unclassified) == (0, 1)
+    assert result.word == "text differs, unclassified" and not result.passed
+    assert result.exit_code() == ExitCode.INVALID
+    failed = gate(result, "unclassified divergences")
+    assert not failed.passed and "set drift.enabled: true" in failed.detail
+    assert gate(result, "substantive divergences").passed
+
+
+def test_a_substantive_divergence_beside_unclassified_ones_is_not_equivalent():
+    result = verdict([pair("u", "unclassified"), pair("s", "substantive")])
+    assert result.word == "NOT equivalent" and result.exit_code() == ExitCode.FAILED
 
 
 def test_candidate_kernel_never_run_is_invalid():

@@ -59,11 +59,12 @@ def test_a_divergence_is_classified_by_the_candidates_own_margin(make_record):
     )
 
 
-def test_without_a_replay_a_divergence_stays_unclassified_and_counts_as_substantive(make_record):
+def test_without_a_replay_a_divergence_stays_unclassified_and_is_counted_as_such(make_record):
     batch, alone = batched_and_alone(make_record, ["a b n d", "a b c d", "a b c d", "a b c d"])
     check = self_check(batch, alone, 4, MARGIN, 4)
     assert check.pairs[0].divergence.kind == "unclassified"
-    assert check.counts.substantive == 1
+    assert (check.counts.substantive, check.counts.unclassified) == (0, 1)
+    assert "(0 near-tie, 0 substantive, 1 unclassified)" in check.describe()
 
 
 def test_a_check_cut_short_says_so_and_claims_only_what_it_compared(make_record):

@@ -154,7 +154,10 @@ def test_no_word_where_the_run_does_not_support_one():
     rows = frame({Metric.MEAN_TTFT: SLOWER, Metric.TOTAL_TOKEN_THROUGHPUT: FASTER})
     for design, start in (
         (speed_design(6, None, interrupted="interrupted (Ctrl-C)"), "not measured (the run did"),
-        (speed_design(6, None, not_equivalent=True), "not comparable (outputs differ"),
+        (
+            speed_design(6, None, outputs_differ="the candidate is NOT equivalent"),
+            "not comparable (outputs differ",
+        ),
         (speed_design(6, "run-1"), "not comparable (reference from the golden cache"),
     ):
         words = apply_design(rows, design)
