@@ -1,7 +1,10 @@
 """Candidate GDN prefill kernels by name: `ns<R>`, the chunked GDN with R BF16 Newton-Schulz
 rounds for the 16x16 block inverses (ns3 reproduces the seeds' failure, ns4 is the fix); the
-performance control `<base>+delay-<N>ms`: the base kernel (`ref` = vLLM's own, or an `ns<R>`)
-with N milliseconds of sleep added to every prefill call, a slowdown of known size; the
+performance controls `<base>+delay-<N>ms`: the base kernel (`ref` = vLLM's own, or an `ns<R>`)
+with N milliseconds of host sleep added to every prefill call after a device sync, a slowdown
+of known size in any regime; and `<base>+gpu-delay-<N>us`, N microseconds of spin queued on the
+GPU's stream after every call with no host wait, the shape of a slower kernel
+(kernels/device_delay.py); the
 initial-state control `ns<R>+drop-state` (every sequence starts from zero, as a kernel that
 ignores the state it is given) and `ns<R>+bf16-state` (the state rounded to BF16 on the way
 in, as the seeds' fused kernel did before its inter-chunk term), faults planted on the way into
@@ -30,6 +33,7 @@ from kernels.functions import (
     registered_kernels,
     source_file,
 )
+from kernels.device_delay import spin_stream
 from kernels.ns_torch import NsCpuOp
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -38,12 +42,13 @@ REGISTERED = ("ns3", "ns4")
 REFERENCE_BASE = "ref"  # a planted delay on top of vLLM's own kernel
 CPU_SOURCES = ("ns_torch.py", "gdn_inputs.py")
 CUDA_SOURCES = ("ns_triton.py", "ns_triton_device.py")
-PLANTED_SOURCES = ("registry.py",)  # where the delay and the state faults are added
+PLANTED_SOURCES = ("registry.py", "device_delay.py")  # where delays and faults are added
 STATE_FAULTS = ("drop", "bf16")  # ns<R>+<fault>-state: planted_initial_state
 BATCH_SKEW = -4.0  # ns<R>+batch-skew: skew_later_sequences
 _NAME = re.compile(
     r"(?:ns(?P<rounds>[1-9][0-9]*)|(?P<ref>ref))(?:\+(?P<fault>drop|bf16)-state)?"
     r"(?P<skew>\+batch-skew)?(?:\+delay-(?P<delay>\d+(?:\.\d+)?)ms)?"
+    r"(?:\+gpu-delay-(?P<gpu_delay>\d+(?:\.\d+)?)us)?"
 )
 
 
@@ -56,6 +61,7 @@ class KernelSpec:
     name: str
     ns_rounds: int | None  # None: vLLM's own kernel (with a planted delay) or `function`
     delay_ms: float = 0.0  # slept after every prefill call
+    gpu_delay_us: float = 0.0  # spun on the device's stream after every prefill call
     function: str | None = None  # `module:function` of a kernel engineer's own kernel
     state_fault: str | None = None  # one of STATE_FAULTS: planted on the initial state
     batch_skew: bool = False  # planted on the output of a call's later sequences
@@ -69,6 +75,11 @@ class KernelSpec:
         """vLLM's own kernel runs, slowed by the planted delay (`ref+delay-<N>ms`)."""
         return self.ns_rounds is None and self.function is None
 
+    @property
+    def planted(self) -> bool:
+        """Anything planted on the way in or out of the kernel (a delay, a fault, a skew)."""
+        return bool(self.delay_ms or self.gpu_delay_us or self.state_fault or self.batch_skew)
+
     def loaded_function(self) -> Callable:
         """The user's function, imported and checked against the contract."""
         function = load_function(self.function)
@@ -78,6 +89,8 @@ class KernelSpec:
     def cpu_op(self, reference: Callable | None = None) -> Callable:
         """Replacement for `vllm._custom_ops.chunk_gated_delta_rule_cpu`; `reference` is that
         op, which a planted delay on vLLM's own kernel wraps."""
+        if self.gpu_delay_us:
+            raise UnknownKernelError(f"{self.name}: a gpu-delay needs a CUDA GPU (vLLM's CPU build)")
         if self.function is not None:
             return self.delayed(FlaFunctionCpuOp(fla_contract_caller(self.loaded_function())))
         op = (
@@ -111,19 +124,23 @@ class KernelSpec:
         return functools.partial(planted_initial_state, fault=self.state_fault)
 
     def delayed(self, op: Callable) -> Callable:
-        """`op` itself without a planted delay, else `op` followed by the delay. On CUDA tensors
-        the device is synchronised before the sleep: the op's launches return before its work
-        is done, and a sleep overlapping that queued work would add less than the delay to the
-        GPU's timeline. On CPU the op has finished when it returns."""
-        if not self.delay_ms:
+        """`op` itself without a planted delay, else `op` followed by the delay. A gpu-delay is
+        queued on the device's stream and never waited for. A host delay: on CUDA tensors the
+        device is synchronised before the sleep (the op's launches return before its work is
+        done, and a sleep overlapping that queued work would add less than the delay to the
+        GPU's timeline); on CPU the op has finished when it returns."""
+        if not self.delay_ms and not self.gpu_delay_us:
             return op
 
         @functools.wraps(op)
         def slowed(*args, **kwargs):
             result = op(*args, **kwargs)
-            if runs_on_cuda(args, kwargs):
-                torch.cuda.synchronize()
-            time.sleep(self.delay_s)
+            if self.gpu_delay_us:
+                spin_stream(self.gpu_delay_us)
+            if self.delay_ms:
+                if runs_on_cuda(args, kwargs):
+                    torch.cuda.synchronize()
+                time.sleep(self.delay_s)
             return result
 
         return slowed
@@ -135,7 +152,7 @@ class KernelSpec:
             found = source_file(self.loaded_function())
             return sha256_of_files([found] if found else [])
         sources = _sources(platform) if self.ns_rounds is not None else ()
-        if self.delay_ms or self.state_fault or self.batch_skew:
+        if self.planted:
             sources += PLANTED_SOURCES
         return sha256_of_files([KERNEL_DIR / f for f in sources])
 
@@ -215,17 +232,20 @@ def resolve_kernel(name: str) -> KernelSpec:
     match = _NAME.fullmatch(name)
     rounds = match and match.group("rounds")
     delay = float(match.group("delay")) if match and match.group("delay") else 0.0
+    gpu_delay = float(match.group("gpu_delay")) if match and match.group("gpu_delay") else 0.0
     fault = match and match.group("fault")
     skew = bool(match and match.group("skew"))
+    delayed = bool(delay or gpu_delay)
     if (
         match is not None
         and (rounds is None or int(rounds) in NS_ROUNDS_RANGE)
-        and ((delay and not fault and not skew) or not match.group("ref"))
+        and ((delayed and not fault and not skew) or not match.group("ref"))
     ):
         return KernelSpec(
             name=name,
             ns_rounds=int(rounds) if rounds else None,
             delay_ms=delay,
+            gpu_delay_us=gpu_delay,
             state_fault=fault or None,
             batch_skew=skew,
         )
@@ -235,9 +255,10 @@ def resolve_kernel(name: str) -> KernelSpec:
     raise UnknownKernelError(
         f"unknown GDN kernel {name!r}; known kernels: {', '.join(known_kernel_names())} "
         f"(ns<R> = R BF16 Newton-Schulz rounds; {' and '.join(REGISTERED)} are the "
-        "failing and fixed controls), the performance control <base>+delay-<N>ms "
+        "failing and fixed controls), the performance controls <base>+delay-<N>ms "
         f"(base {REFERENCE_BASE} = vLLM's own kernel, or ns<R>; N ms slept after every "
-        "prefill call), the initial-state control ns<R>+drop-state and ns<R>+bf16-state, "
+        "prefill call) and <base>+gpu-delay-<N>us (N µs spun on the GPU's stream), the "
+        "initial-state control ns<R>+drop-state and ns<R>+bf16-state, "
         "the batch control ns<R>+batch-skew, "
         "a module:function of your own, or a name under the entry point "
         f"group {ENTRY_POINT_GROUP}"

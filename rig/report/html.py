@@ -54,12 +54,13 @@ def navigation(outcome) -> str:
 
 
 def headline_texts(outcome) -> list[str]:
-    """The speed line, the kind of comparison, the reference's source, the candidate
-    self-check: under the word."""
+    """The speed line, what the kernel's own time predicts at each level, the kind of
+    comparison, the reference's source, the candidate self-check: under the word."""
     perf = outcome.perf if outcome.perf is not None else PerfResult()
     timing = f"timing: {outcome.load_schedule}" if outcome.load_schedule else ""
     texts = [
         speed_headline(perf, outcome.speed),
+        *(lc.sensitivity.describe() for lc in perf.candidate if lc.sensitivity is not None),
         timing,
         outcome.comparison,
         outcome.reference_source,

@@ -46,6 +46,7 @@ from rig.verdict.perf_records import (
     PerfResult,
 )
 from rig.verdict.planted import PlantedDelay, planted_share
+from rig.verdict.sensitivity import level_sensitivity
 from rig.verdict.server_side import server_comparisons
 
 CONFIDENCE = 0.95
@@ -369,7 +370,8 @@ def perf_result(
         if planted is not None:
             share = planted_share(compared, records, planted, timing.excluded)
             compared = replace(compared, planted=share)
-        levels.append(compared)
+        sensitivity = level_sensitivity(compared, records, deltas, timing.excluded)
+        levels.append(replace(compared, sensitivity=sensitivity))
     replay = [replace(r, level=aa_concurrency) for r in aa_records]
     baseline = [r for r in reference if r.level == aa_concurrency and r.repeat == 0]
     if replay and baseline:

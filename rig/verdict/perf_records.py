@@ -8,6 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rig.verdict.sensitivity import KernelSensitivity
 
 FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
 UNEQUAL = "not comparable: outputs differ"
@@ -179,6 +183,7 @@ class LevelComparison:
     unequal_pairs: int
     metrics: tuple[MetricComparison, ...]
     planted: PlantedShare | None = None
+    sensitivity: KernelSensitivity | None = None  # what the kernel's own time predicts
 
     def get(self, metric: Metric) -> MetricComparison | None:
         return next((m for m in self.metrics if m.metric == metric), None)

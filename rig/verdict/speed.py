@@ -40,6 +40,7 @@ from rig.verdict.perf_records import (
     MetricComparison,
     PerfResult,
 )
+from rig.verdict.sensitivity import hidden_levels
 from rig.verdict.student_t import t_quantile
 
 FAMILY_CONFIDENCE = 0.95
@@ -130,11 +131,13 @@ def _designed_word(compared: MetricComparison, design: SpeedDesign) -> str:
 
 def apply_design(perf: PerfResult, design: SpeedDesign) -> PerfResult:
     """The candidate levels' words as the design allows: none where it gives no word, none for
-    metrics outside the family, and in an A/A run no faster or slower."""
+    metrics outside the family, and in an A/A run no faster or slower; no kernel sensitivity
+    where the timings are not comparable (nothing measured to set it beside)."""
     levels = tuple(
         replace(
             level,
             metrics=tuple(replace(m, word=_designed_word(m, design)) for m in level.metrics),
+            sensitivity=level.sensitivity if design.measured else None,
         )
         if level.comparison == Comparison.CANDIDATE
         else level
@@ -223,6 +226,13 @@ def speed_headline(perf: PerfResult, design: SpeedDesign) -> str:
     extra = [
         text for text in (resolution_text(levels, design), noninferiority_text(levels, design))
     ]
+    hidden = hidden_levels(levels)
+    if hidden:
+        extra.append(
+            f"this served configuration hides the kernel at {', '.join(f'C{c}' for c in hidden)}"
+            " (its GDN time moved, the end-to-end time did not follow): these words do not "
+            "speak for the kernel"
+        )
     tail = "".join(f"; {text}" for text in extra if text)
     aa = "A/A run: " if design.aa_run else ""
     return f"speed: {aa}{'; '.join(parts)}{tail} ({design.describe(len(levels))})"
