@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.device_delay import spin_stream
 from kernels.functions import (
     ENTRY_POINT_GROUP,
     FlaFunctionCpuOp,
@@ -33,7 +34,6 @@ from kernels.functions import (
     registered_kernels,
     source_file,
 )
-from kernels.device_delay import spin_stream
 from kernels.ns_torch import NsCpuOp
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -90,7 +90,7 @@ class KernelSpec:
         """Replacement for `vllm._custom_ops.chunk_gated_delta_rule_cpu`; `reference` is that
         op, which a planted delay on vLLM's own kernel wraps."""
         if self.gpu_delay_us:
-            raise UnknownKernelError(f"{self.name}: a gpu-delay needs a CUDA GPU (vLLM's CPU build)")
+            raise UnknownKernelError(f"{self.name}: a gpu-delay needs a CUDA GPU, not the CPU")
         if self.function is not None:
             return self.delayed(FlaFunctionCpuOp(fla_contract_caller(self.loaded_function())))
         op = (
