@@ -20,7 +20,7 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv vllm-venv browser e2e test test-gpu tiny-model tiny-lm kernel-check kernel-bench \
+.PHONY: venv vllm-venv browser e2e test test-gpu tiny-model tiny-lm qwen35-control kernel-check kernel-bench \
 	bench-client perf-control lint format clean
 
 venv: $(VENV)/.installed
@@ -72,6 +72,9 @@ tiny-model: venv
 
 tiny-qwen35: venv
 	$(PY) -m rig.models.tiny_qwen35 $(or $(OUT),.cache/tiny-qwen35)
+
+qwen35-control: venv
+	$(PY) -m rig.models.qwen35_control $(or $(OUT),.cache/qwen35-control)
 
 tiny-lm: venv
 	$(PY) -m rig.models.tiny_lm $(or $(OUT),.cache/tiny-lm)

@@ -1,59 +1,84 @@
 #!/usr/bin/env bash
-# The speed control on one H200 (docs/perf-control.md): vLLM 0.26.0's CUDA build from the two
-# transfers of ../shared/gpu, then benchmarks/perf_control.py on scenarios/gpu-speed.yaml (A/A,
-# a planted slowdown sized at 5 % of the A/A reference's TTFT, ns4) in a session of its own, so
-# that it outlives the device call that started it, from a copy of the project under /tmp (the
-# device copies the working tree again at every call). From the project root on the device:
+# The kernel-speed control on one H200 or H100 (docs/perf-control.md), in one device session:
+# vLLM 0.26.0's CUDA build from the two transfers of ../shared/gpu, the GPU tests of the
+# plugin's timing and of the GPU-timeline delay, qwen35-control built there, then in a process
+# session of its own (it outlives the device call that started it), from a copy of the project
+# under /tmp (the device copies the working tree again at every call):
+#   benchmarks/perf_control.py --scenario scenarios/gpu-speed.yaml with A/A, a GPU-timeline
+#   delay sized to predict +3 % of TTFT, and ns4 (all compiled, CUDA graphs), the GPU's busy
+#   share sampled by nvidia-smi all along; then ns3 on the same model (text only).
+# From the project root on the device:
 #   call 1: mkdir -p /tmp/vllm-parts && cp .whl0/*.part00 /tmp/vllm-parts/        (carry .whl0)
 #   call 2: bash benchmarks/gpu_speed_session.sh start [SECONDS]   (carry .whl1, rig.egg-info)
 #   then:   bash benchmarks/gpu_speed_session.sh wait SECONDS      (until it says finished)
-# Each prints the log's tail and copies the summary, the runs' perf.csv, records, server counters
-# and logs to $OUT. KEEP_WORK=1: /tmp/rig already holds the project (unpacked in call 1 from a
-# tarball of a commit), so the working tree the device copies is not used.
+# Each prints the log's tail and packs the results (summaries, perf.csv, records, counters,
+# manifests, server-log tails, the GPU's busy samples) into $OUT/results.tar.xz.
 set -uo pipefail
 PY=${PYTHON:-/opt/torch/.venv/bin/python3}
 WORK=/tmp/rig
 RESULTS=/tmp/speed-results
 LOG=/tmp/speed-control.log
-ARGS=${CONTROL_ARGS:---comparisons aa,planted,ns4 --planted-pct 5}
+CONTROL=${CONTROL_ARGS:---comparisons aa,gpu,ns4 --gpu-delay-pct 3}
 
 export PYTHONPATH=/tmp/vllm-site:$WORK HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     VLLM_NO_USAGE_STATS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-    NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+    NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 VLLM_CACHE_ROOT=/tmp/vllm-cache
 
-running() { pgrep -f "benchmarks/perf_control.py" >/dev/null; }
+running() { pgrep -f "gpu_speed_session.sh job" >/dev/null; }
 
 report() {
-    tail -n 25 "$LOG" 2>/dev/null
-    mkdir -p "${OUT:-/tmp/out}"
-    cp "$LOG" "${OUT:-/tmp/out}/control.log" 2>/dev/null
-    for name in aa planted ns4; do
-        for file in perf.csv requests.jsonl server_counters.jsonl manifest.json; do
-            cp "$RESULTS/gpu-speed/$name/$file" "${OUT:-/tmp/out}/$name-$file" 2>/dev/null
-        done
-        cp "$RESULTS/gpu-speed/$name.log" "${OUT:-/tmp/out}/$name.log" 2>/dev/null
-    done
-    cp "$RESULTS/gpu-speed/summary.md" "${OUT:-/tmp/out}/summary.md" 2>/dev/null
+    tail -n 30 "$LOG" 2>/dev/null
+    out=${OUT:-/tmp/out}
+    mkdir -p "$out"
+    cp "$LOG" "$out/control.log" 2>/dev/null
+    cp "$RESULTS/gpu-speed/summary.md" "$out/summary.md" 2>/dev/null
+    # the results but the server logs, then each log's last 200 kB (a log a live server still
+    # writes is read, never cut)
+    stage=/tmp/stage && rm -rf "$stage" && mkdir -p "$stage"
+    (cd "$RESULTS" 2>/dev/null && find . -name '*.log' | while read -r log; do
+        mkdir -p "$stage/$(dirname "$log")" && tail -c 200000 "$log" > "$stage/$log"; done
+     tar --exclude='kernel-stats' --exclude='report.html' --exclude='*.log' -cf - . \
+        | tar -xf - -C "$stage")
+    (cd "$stage" && tar -cf - . | xz -6 > "$out/results.tar.xz")
     if running; then echo "== still running"; else echo "== finished"; fi
+}
+
+job() {
+    cd "$WORK" || exit 2
+    mkdir -p "$RESULTS"
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader \
+        -lms 500 > "$RESULTS/gpu-busy.csv" 2>&1 &
+    started=$(date +%s)
+    "$PY" -m rig.models.qwen35_control
+    echo "== qwen35-control built in $(( $(date +%s) - started )) s"
+    # shellcheck disable=SC2086  # CONTROL is a list of options
+    "$PY" benchmarks/perf_control.py --scenario scenarios/gpu-speed.yaml $CONTROL \
+        --results-dir "$RESULTS" --run-id gpu-speed
+    echo "== perf control done at $(( $(date +%s) - started )) s"
+    "$PY" -m rig.run scenarios/gpu-speed.yaml --no-cache --run-id ns3 \
+        --set results_dir="$RESULTS/gpu-speed" --set candidate.kernel=ns3 \
+        --set workload.concurrency=[1] --set workload.repeats=1 \
+        --set workload.speed_resolution_pct=null --set workload.requests_per_level=12
+    echo "== ns3 done at $(( $(date +%s) - started )) s"
 }
 
 case ${1:-} in
 start)
-    nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv
+    nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv
     if [ ! -d /tmp/vllm-site/vllm ]; then
         CARRY=.whl1 bash .whl1/remote_install.sh || exit 2
     fi
-    if [ -z "${KEEP_WORK:-}" ]; then
-        rm -rf "$WORK" && mkdir -p "$WORK"
-        tar --exclude=./.whl0 --exclude=./.whl1 -cf - . | tar -xf - -C "$WORK"
-    fi
+    rm -rf "$WORK" && mkdir -p "$WORK"
+    tar --exclude=./.whl0 --exclude=./.whl1 -cf - . | tar -xf - -C "$WORK"
     cd "$WORK" || exit 2
-    "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_prefill_counter.py 2>&1 | tail -n 3
-    # shellcheck disable=SC2086  # ARGS is a list of options
-    setsid nohup "$PY" benchmarks/perf_control.py --scenario scenarios/gpu-speed.yaml $ARGS \
-        --results-dir "$RESULTS" --run-id gpu-speed > "$LOG" 2>&1 < /dev/null &
+    "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_prefill_counter.py \
+        tests/kernels/test_registry.py 2>&1 | tail -n 4
+    setsid nohup bash "$0" job > "$LOG" 2>&1 < /dev/null &
     sleep "${2:-0}"
     report
+    ;;
+job)
+    job
     ;;
 wait)
     for _ in $(seq "${2:-60}"); do running || break; sleep 1; done

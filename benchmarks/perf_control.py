@@ -12,13 +12,21 @@ same run (no golden cache: a cached reference was measured at another time):
            prefill calls counted per request x N, over the reference's mean TTFT).
            --planted-pct P sizes N from the A/A run: P % of its reference's mean TTFT at C=1,
            over the GDN prefill calls per request;
+  gpu      candidate `ref+gpu-delay-<N>us` (vLLM's own kernel, N µs of spin queued on the GPU's
+           stream after every GDN prefill call, no host wait: the shape of a slower kernel):
+           at every level TTFT must be `slower` and the end-to-end change the servers' GDN
+           time predicts (rig/verdict/sensitivity.py) inside its interval. --gpu-delay-pct P
+           sizes N from the A/A run to predict P % of its reference's TTFT at C=1. Only this
+           one proves that the rig sees a slower kernel: `planted` sleeps on the host after a
+           device sync, which shows in any regime, so it proves the statistics alone;
   ns4      the vendored candidate against the reference, with its intervals, beside what the
-           servers' own GDN time per call predicts for TTFT at C=1 (no expectation).
+           servers' own GDN time per call predicts (no expectation).
 <results-dir>/<run-id>/summary.md sets them side by side; exit 0 when every check holds, 1 when
 one fails, 2 when a run could not be made.
 
     python benchmarks/perf_control.py [--scenario S] [--delay-ms 50 | --planted-pct 5]
-        [--repeats N] [--prompts N] [--comparisons aa,planted,ns4] [--family-confidence 0.95]
+        [--gpu-delay-us 500 | --gpu-delay-pct 3] [--repeats N] [--prompts N]
+        [--comparisons aa,planted,gpu,ns4] [--family-confidence 0.95]
         [--results-dir results] [--run-id ID] [--set KEY=VALUE ...]
 """
 
@@ -44,6 +52,7 @@ sys.path.insert(0, str(REPO))
 from rig.records import REQUESTS_FILE, ServerDelta, read_records  # noqa: E402
 from rig.report.files import perf_table  # noqa: E402
 from rig.run.state import SERVER_COUNTERS_FILE, read_jsonl  # noqa: E402
+from rig.serve.hardware import Hardware  # noqa: E402
 from rig.verdict.intervals import TimingDesign  # noqa: E402
 from rig.verdict.perf import perf_result  # noqa: E402
 from rig.verdict.perf_records import (  # noqa: E402
@@ -57,7 +66,7 @@ from rig.verdict.perf_records import (  # noqa: E402
 )
 
 SCENARIO = "scenarios/perf-control.yaml"
-COMPARISONS = ("aa", "planted", "ns4")
+COMPARISONS = ("aa", "planted", "gpu", "ns4")
 
 
 def _candidate_rows(perf: pd.DataFrame) -> pd.DataFrame:
@@ -89,9 +98,8 @@ class ControlRun:
 
     @property
     def label(self) -> str:
-        return {"aa": "A/A (reference vs reference)", "planted": f"planted {self.kernel}"}.get(
-            self.name, f"{self.kernel} vs reference"
-        )
+        labels = {"aa": "A/A (reference vs reference)", "planted": f"planted {self.kernel}"}
+        return labels.get(self.name, f"{self.kernel} vs reference")
 
     def perf(self) -> pd.DataFrame:
         """The run's perf.csv, candidate rows (as the run reported them)."""
@@ -168,8 +176,30 @@ def planted_delay_ms(args: argparse.Namespace, runs: dict[str, ControlRun]) -> f
     return delay
 
 
-def candidate_kernel(name: str, delay_ms: float) -> str | None:
-    return {"aa": None, "planted": f"ref+delay-{delay_ms:g}ms", "ns4": "ns4"}[name]
+def gpu_delay_us(args: argparse.Namespace, runs: dict[str, ControlRun]) -> float:
+    """--gpu-delay-us, or --gpu-delay-pct of the A/A run's reference TTFT over its calls."""
+    if args.gpu_delay_pct is None:
+        return args.gpu_delay_us
+    measured = reference_ttft_per_call_ms(runs["aa"]) if "aa" in runs else None
+    if measured is None:
+        raise SystemExit("perf-control: --gpu-delay-pct needs a finished A/A run at C=1 before it")
+    ttft_ms, calls = measured
+    delay = round(args.gpu_delay_pct / 100 * ttft_ms / calls * 1000)
+    print(
+        f"perf-control: gpu-delay of {args.gpu_delay_pct:g} % of the reference's {ttft_ms:.1f} "
+        f"ms TTFT over {calls:.2f} GDN prefill calls per request: {delay:g} µs per call",
+        flush=True,
+    )
+    return delay
+
+
+def candidate_kernel(name: str, delay_ms: float, delay_us: float) -> str | None:
+    return {
+        "aa": None,
+        "planted": f"ref+delay-{delay_ms:g}ms",
+        "gpu": f"ref+gpu-delay-{delay_us:g}us",
+        "ns4": "ns4",
+    }[name]
 
 
 def rig_argv(name: str, kernel: str | None, args: argparse.Namespace, folder: Path) -> list[str]:
@@ -261,6 +291,28 @@ def planted_checks(run: ControlRun) -> list[tuple[bool, str]]:
     return results
 
 
+def gpu_checks(run: ControlRun) -> list[tuple[bool, str]]:
+    """The GPU-timeline slowdown: at every level TTFT `slower`, and the change the servers'
+    GDN time predicts inside the measured interval (TTFT and throughput)."""
+    perf = run.perf()
+    if perf.empty or "mean_ttft_ms_predicted_pct" not in perf:
+        return [(False, "gpu: no prediction measured (no perf.csv or no GDN time)")]
+    results = []
+    for _, row in perf.iterrows():
+        slower = row["mean_ttft_ms_word"] == SLOWER
+        for metric in (Metric.MEAN_TTFT, Metric.TOTAL_TOKEN_THROUGHPUT):
+            inside = bool(row.get(f"{metric}_predicted_inside_ci", False))
+            results.append(
+                (
+                    slower and inside,
+                    f"gpu: C={int(row['level'])} {metric} {_delta_text(row, metric)}, predicted "
+                    f"{row[f'{metric}_predicted_pct']:+.1f} % "
+                    f"{'inside' if inside else 'outside'} the interval",
+                )
+            )
+    return results
+
+
 def checks(runs: dict[str, ControlRun], family_confidence: float) -> list[tuple[bool, str]]:
     """(passed, sentence) per expectation of the control."""
     results = []
@@ -268,6 +320,8 @@ def checks(runs: dict[str, ControlRun], family_confidence: float) -> list[tuple[
         results += aa_checks(runs["aa"], family_confidence)
     if "planted" in runs:
         results += planted_checks(runs["planted"])
+    if "gpu" in runs:
+        results += gpu_checks(runs["gpu"])
     return results
 
 
@@ -277,17 +331,21 @@ def _off_noise(perf: pd.DataFrame, metric: str) -> str | None:
     return None if words == {NOISE} else f"{metric} ({'/'.join(sorted(words))})"
 
 
-def gdn_prediction(row: pd.Series, run: ControlRun) -> str:
-    """What the servers' own GDN time predicts for TTFT at C=1: the change in GDN time per call,
-    times the calls per request, over the reference's mean TTFT."""
-    measured = reference_ttft_per_call_ms(run) if int(row["level"]) == 1 else None
+def gdn_prediction(row: pd.Series) -> str:
+    """What the servers' own GDN time predicts (the run's perf.csv, rig/verdict/sensitivity.py)
+    beside what was measured."""
     ref, cand = row.get("gdn_ms_per_call_reference"), row.get("gdn_ms_per_call_candidate")
-    if measured is None or pd.isna(ref) or pd.isna(cand):
+    predicted = row.get(f"{Metric.MEAN_TTFT}_predicted_pct")
+    if predicted is None or pd.isna(predicted) or pd.isna(ref) or pd.isna(cand):
         return ""
-    ttft_ms, calls = measured
+    throughput = Metric.TOTAL_TOKEN_THROUGHPUT
+    hides = " — this configuration hides the kernel" if row.get("hides_kernel") is True else ""
     return (
-        f"GDN {ref:.3f} → {cand:.3f} ms per call x {calls:.2f} calls per request: predicts "
-        f"TTFT {100 * (cand - ref) * calls / ttft_ms:+.1f} % at C=1"
+        f"GDN {ref:.3f} → {cand:.3f} ms per call x {row['gdn_calls_per_request']:.2f} calls per "
+        f"request ({row['gdn_share_pct']:.1f} % of the reference's time) predicts TTFT "
+        f"{predicted:+.1f} %, throughput {row[f'{throughput}_predicted_pct']:+.1f} %; measured "
+        f"TTFT {_delta_text(row, Metric.MEAN_TTFT)}, throughput {_delta_text(row, throughput)}"
+        f"{hides}"
     )
 
 
@@ -370,12 +428,13 @@ def render_summary(
                 f"request: {row['mean_ttft_ms_planted_pct']:+.1f} % of the reference's mean "
                 f"TTFT, {row['mean_e2el_ms_planted_pct']:+.1f} % of its mean E2EL.",
             ]
-    if "ns4" in runs:
-        for _, row in frames["ns4"].iterrows():
-            prediction = gdn_prediction(row, runs["ns4"])
+    for name in ("gpu", "ns4"):
+        if name not in runs:
+            continue
+        for _, row in frames[name].iterrows():
+            prediction = gdn_prediction(row)
             if prediction:
-                lines += ["", f"ns4 at C={int(row['level'])}: {prediction}; measured TTFT "
-                          f"{_delta_text(row, Metric.MEAN_TTFT)}."]  # fmt: skip
+                lines += ["", f"{name} at C={int(row['level'])}: {prediction}."]
     lines += ["", "Speed lines:", ""]
     for name, run in runs.items():
         lines.append(f"- {name}: {run.manifest().get('speed', '(no report)')}")
@@ -396,9 +455,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--planted-pct", type=float, help="size the delay as this %% of the A/A reference's TTFT"
     )
+    parser.add_argument(
+        "--gpu-delay-us", type=float, default=500.0, help="spun on the GPU per prefill call"
+    )
+    parser.add_argument(
+        "--gpu-delay-pct", type=float, help="size the spin to predict this %% of the A/A TTFT"
+    )
     parser.add_argument("--repeats", type=int, help="workload.repeats (default: the scenario's)")
     parser.add_argument("--prompts", type=int, help="short prompts per block (prompts.jsonl)")
-    parser.add_argument("--comparisons", default=",".join(COMPARISONS))
+    parser.add_argument(
+        "--comparisons",
+        help="default: aa,planted,gpu,ns4 on a GPU, aa,planted,ns4 on vLLM's CPU build",
+    )
     parser.add_argument("--family-confidence", type=float, default=0.95, help="A/A check")
     parser.add_argument("--results-dir", type=Path, default=REPO / "results")
     parser.add_argument("--run-id", default=f"{time.strftime('%Y%m%d-%H%M%S')}-perf-control")
@@ -406,6 +474,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every run"
     )
     args = parser.parse_args(argv)
+    if args.comparisons is None:
+        on_gpu = Hardware.detect().gpu_count > 0
+        args.comparisons = ",".join(c for c in COMPARISONS if on_gpu or c != "gpu")
     args.comparisons = [c for c in args.comparisons.split(",") if c]
     unknown = sorted(set(args.comparisons) - set(COMPARISONS))
     if unknown or not args.comparisons:
@@ -414,6 +485,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sized = args.planted_pct is not None and "planted" in order
     if sized and "aa" not in order[: order.index("planted")]:
         parser.error("--planted-pct sizes the delay from the A/A run: list aa before planted")
+    sized = args.gpu_delay_pct is not None and "gpu" in order
+    if sized and "aa" not in order[: order.index("gpu")]:
+        parser.error("--gpu-delay-pct sizes the spin from the A/A run: list aa before gpu")
     return args
 
 
@@ -425,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, ControlRun] = {}
     for name in args.comparisons:
         delay = planted_delay_ms(args, runs) if name == "planted" else args.delay_ms
-        runs[name] = run_one(name, candidate_kernel(name, delay), args, folder)
+        spin = gpu_delay_us(args, runs) if name == "gpu" else args.gpu_delay_us
+        runs[name] = run_one(name, candidate_kernel(name, delay, spin), args, folder)
     machine += f" before the runs, {machine_line().rsplit('load average ', 1)[1]} after"
     results = checks(runs, args.family_confidence)
     text = render_summary(args, runs, results, machine)

@@ -100,6 +100,7 @@ class TinyModelParams(ModelShape):
     gate_z: float = 4.0  # z pre-activation, read from the regime dimension
     gdn_write: float = -2.0  # GDN output = gdn_write * input code; -2 flips the residual's sign
     side_scale: float = 0.05  # output scale of attention and MoE relative to the residual
+    moe_write: float = 1.0  # the MoE's writes times this; 0: it computes and writes nothing
     logit_scale: float = 20.0  # logit of the predicted token; margins are ~half of it
 
 
@@ -174,9 +175,9 @@ def _body_weights(params: TinyModelParams, generator: torch.Generator) -> dict[s
     def normal(*shape: int, std: float) -> torch.Tensor:
         return torch.randn(*shape, generator=generator) * std
 
-    def writer(rows: int, cols: int) -> torch.Tensor:
+    def writer(rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
         """A small random map into the residual stream that leaves the regime dimension alone."""
-        weight = normal(rows, cols, std=params.side_scale / math.sqrt(cols))
+        weight = normal(rows, cols, std=scale * params.side_scale / math.sqrt(cols))
         weight[REGIME_DIM] = 0.0
         return weight
 
@@ -208,7 +209,7 @@ def _body_weights(params: TinyModelParams, generator: torch.Generator) -> dict[s
         for expert in [*experts, f"{mlp}.shared_expert"]:
             weights[f"{expert}.gate_proj.weight"] = normal(inner, hidden, std=hidden**-0.5)
             weights[f"{expert}.up_proj.weight"] = normal(inner, hidden, std=hidden**-0.5)
-            weights[f"{expert}.down_proj.weight"] = writer(hidden, inner)
+            weights[f"{expert}.down_proj.weight"] = writer(hidden, inner, params.moe_write)
     return weights
 
 

@@ -27,6 +27,7 @@ from rig.verdict.drift import DriftResult
 from rig.verdict.metrics import bench_results
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf_records import MetricComparison, PerfResult, PlantedShare
+from rig.verdict.sensitivity import KernelSensitivity
 from rig.verdict.speed import speed_headline
 
 REPORT_FILES = (
@@ -93,12 +94,25 @@ def _planted_columns(planted: PlantedShare) -> dict[str, object]:
     return columns
 
 
+def _sensitivity_columns(found: KernelSensitivity) -> dict[str, object]:
+    columns: dict[str, object] = {
+        "gdn_calls_per_request": found.calls_per_request,
+        "gdn_share_pct": found.gdn_share_pct,
+        "hides_kernel": found.hides_kernel,
+    }
+    for prediction in found.predictions:
+        columns[f"{prediction.metric.value}_predicted_pct"] = prediction.predicted_pct
+        columns[f"{prediction.metric.value}_predicted_inside_ci"] = prediction.inside
+    return columns
+
+
 def perf_table(perf: PerfResult) -> pd.DataFrame:
     """perf.csv, rendered from the typed records: one row per level and comparison, per metric
     `<m>_ratio` (candidate / reference), its interval `<m>_ci_low` / `<m>_ci_high`, the same
     as percent change (`<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and `<m>_word`;
     a server metric also each side's mean (`<m>_reference`, `<m>_candidate`); a planted
-    slowdown what it planted."""
+    slowdown what it planted; what the kernel's own time predicts (`<m>_predicted_pct`,
+    `hides_kernel`: rig/verdict/sensitivity.py)."""
     rows = []
     for level in perf.levels:
         row: dict[str, object] = {
@@ -114,6 +128,8 @@ def perf_table(perf: PerfResult) -> pd.DataFrame:
             row |= _metric_columns(compared)
         if level.planted is not None:
             row |= _planted_columns(level.planted)
+        if level.sensitivity is not None:
+            row |= _sensitivity_columns(level.sensitivity)
         rows.append(row)
     return pd.DataFrame(rows)
 

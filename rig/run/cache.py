@@ -27,7 +27,7 @@ from rig.records import RequestRecord, read_records
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
 from rig.secrets import digest, redact_argv, redact_env
-from rig.serve.plan import GATE_ENV, ServerPlan
+from rig.serve.plan import CACHE_ROOT_ENV, GATE_ENV, ServerPlan
 from rig.verdict.gates import SideKernel
 
 DEFAULT_ROOT = Path(".cache/golden")
@@ -37,6 +37,7 @@ RUN_SPECIFIC_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND",
     "CUDA_VISIBLE_DEVICES",
     GATE_ENV,  # vLLM's /pause and /resume, for arrival: waves; the texts do not depend on it
+    CACHE_ROOT_ENV,  # where the side's compile cache is: a path of this machine's
 }
 RUN_SPECIFIC_ARGS = {"--port", "--host"}
 MODEL_PLACEHOLDER = "<model>"  # a local folder's path in the key: the digest says what it holds

