@@ -322,15 +322,21 @@ def run_load(
     levels: list[tuple[int, int]],
 ) -> None:
     """Each level warmed up, then its planned repeats, a block that compiled run again, and with
-    a resolution asked for, more blocks until the level is resolved or the budget ends."""
+    a resolution asked for, more blocks until the level is resolved or its share of the budget
+    ends: what is left of the budget, split evenly over the levels still to run (a level
+    resolved early leaves its time to the others; the first level never takes all of it)."""
     workload = ctx.scenario.workload
     schedule = ctx.plan.load_schedule(workload)
-    deadline = time.monotonic() + workload.speed_budget_s
+    budget_ends = time.monotonic() + workload.speed_budget_s
     both = {server.plan.side for server in servers.values()} >= {Side.REFERENCE, Side.CANDIDATE}
     adaptive = both and schedule.kind != "apart"
     if any(schedule.in_waves(level) for level, _ in levels):
         check_gates(servers)
-    for level in dict.fromkeys(level for level, _ in levels):
+    order = list(dict.fromkeys(level for level, _ in levels))
+    for position, level in enumerate(order):
+        deadline = time.monotonic() + max(0.0, budget_ends - time.monotonic()) / (
+            len(order) - position
+        )
         planned = [repeat for lvl, repeat in levels if lvl == level]
         warm_up_level(ctx, journal, servers, level, waves=schedule.in_waves(level))
         queue, reruns = list(planned), 0
@@ -369,7 +375,7 @@ def _more_blocks(ctx: RunContext, journal: RunJournal, level: int, deadline: flo
         return False
     if time.monotonic() >= deadline:
         print(
-            f"rig: C={level}: the {workload.speed_budget_s:g} s budget ended after "
+            f"rig: C={level}: its share of the {workload.speed_budget_s:g} s budget ended after "
             f"{status.blocks} block pairs ({target} needs {needed})",
             flush=True,
         )

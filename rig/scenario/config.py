@@ -84,11 +84,7 @@ class ModelConfig(_Served):
     dtype: str = "bfloat16"
     max_model_len: int | None = Field(None, gt=0)
     tensor_parallel_size: int = Field(1, ge=1)
-    enforce_eager: bool | None = Field(
-        None,
-        description="default: eager on vLLM's CPU build, vLLM's own torch.compile and CUDA "
-        "graphs on a GPU (as production serves)",
-    )
+    enforce_eager: bool | None = Field(None, description="default: eager on CPU only")
     gdn_prefill_backend: GdnBackend = Field(
         "triton", description="vLLM's GDN prefill backend on both sides; triton = FLA"
     )
@@ -260,7 +256,7 @@ class WorkloadConfig(StrictModel):
         "± this many percent (repeats: the first blocks, which fix the spread)",
     )
     speed_budget_s: float = Field(
-        600.0, gt=0, description="time the timed load may take while it adds blocks"
+        600.0, gt=0, description="load time for added blocks, shared by the levels"
     )
     request_rate: float | None = Field(None, gt=0)
     burstiness: float = Field(1.0, gt=0)

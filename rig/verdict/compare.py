@@ -213,15 +213,18 @@ def first_divergence(
         if ref_token is not None:
             fields["reference_token_rank_in_candidate"] = _rank(ref_token, cand_position.top)
     kind: DivergenceKind = "unclassified"
-    if ref_position is not None and cand_position is not None:
-        # One side stopping early (EOS vs more text) still has both tokens in the top-k.
-        near = (
-            fields.get("candidate_token_rank_in_reference") is not None
-            and fields.get("reference_token_rank_in_candidate") is not None
-            and fields.get("reference_margin") is not None
-            and fields["reference_margin"] <= near_tie_margin
-        )
-        kind = "near_tie" if near else "substantive"
+    margin = fields.get("reference_margin")
+    if ref_position is not None and margin is not None:
+        # The reference's replay alone can rule a near-tie out: the candidate's token outside
+        # its top-k, or a margin beyond the bound (ns3's empty answers at 15 nats, whose own
+        # replay vLLM refuses for NaN). Only a near-tie needs the candidate's replay too. One
+        # side stopping early (EOS vs more text) still has both tokens in the top-k.
+        in_reference = fields.get("candidate_token_rank_in_reference") is not None
+        if not in_reference or margin > near_tie_margin:
+            kind = "substantive"
+        elif cand_position is not None:
+            in_candidate = fields.get("reference_token_rank_in_candidate") is not None
+            kind = "near_tie" if in_candidate else "substantive"
     return Divergence(
         char_index=char_index, token_index=token_index, kind=kind, **excerpt, **fields
     )

@@ -284,7 +284,7 @@ def decide(
 def _unclassified_gate(unclassified: int) -> Gate:
     """Texts that part where no margin was measured: the run cannot call them near-ties or
     substantive, so it cannot pass them either."""
-    detail = f"{unclassified} pairs differ with no logprob margin measured where they part"
+    detail = f"{unclassified} pairs differ where no measured logprob margin classifies them"
     if unclassified:
         detail += (
             " (the teacher-forced replay did not reach them: drift.enabled: false, or their "

@@ -19,85 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from rig.records import RequestRecord, ServerDelta, Side, side_of
-from rig.verdict.perf_records import FASTER, SLOWER, LevelComparison, Metric, MetricComparison
+from rig.verdict.perf_records import KernelSensitivity, LevelComparison, Metric, Prediction
 
 # The headline metrics a prediction is made for (those the speed line words).
 PREDICTED = (Metric.MEAN_TTFT, Metric.TOTAL_TOKEN_THROUGHPUT)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """One metric's predicted change beside its measured one."""
-
-    metric: Metric
-    predicted_pct: float
-    measured: MetricComparison
-
-    @property
-    def inside(self) -> bool:
-        """The measured interval holds the prediction."""
-        interval = self.measured.interval_pct
-        return interval is not None and interval[0] <= self.predicted_pct <= interval[1]
-
-
-@dataclass(frozen=True)
-class KernelSensitivity:
-    """A level's kernel time, its share, the end-to-end change it predicts and what came."""
-
-    level: int
-    kernel: MetricComparison  # GDN prefill per call, reference and candidate ms
-    calls_per_request: float
-    gdn_share_pct: float  # of the reference's wall time, C requests in flight
-    predictions: tuple[Prediction, ...]
-
-    @property
-    def kernel_direction(self) -> str | None:
-        """`slower` or `faster` where the per-call interval excludes no change, else None."""
-        interval = self.kernel.interval
-        if interval is None:
-            return None
-        if interval[0] > 1:
-            return SLOWER
-        if interval[1] < 1:
-            return FASTER
-        return None
-
-    @property
-    def hides_kernel(self) -> bool:
-        """The kernel's time moved and a headline metric neither followed nor held the
-        prediction."""
-        direction = self.kernel_direction
-        return direction is not None and any(
-            not p.inside and p.measured.interval is not None and p.measured.word != direction
-            for p in self.predictions
-        )
-
-    def describe(self) -> str:
-        k = self.kernel
-        interval = k.interval_pct
-        moved = f" [{interval[0]:+.1f}, {interval[1]:+.1f}]" if interval else ""
-        parts = [
-            f"kernel at C{self.level}: GDN prefill {k.reference:.3g} -> {k.candidate:.3g} ms a "
-            f"call ({k.change_pct:+.1f} %{moved}), {self.calls_per_request:.3g} calls a request, "
-            f"{self.gdn_share_pct:.1f} % of the reference's time"
-        ]
-        for p in self.predictions:
-            measured = p.measured.interval_pct
-            shown = f"[{measured[0]:+.1f}, {measured[1]:+.1f}]" if measured else "no interval"
-            parts.append(
-                f"{p.metric.label} predicted {p.predicted_pct:+.1f} %, measured "
-                f"{p.measured.change_pct:+.1f} % {shown}"
-            )
-        text = "; ".join(parts)
-        if self.hides_kernel:
-            text += (
-                ": this served configuration hides the kernel (host-bound): its speed word "
-                "does not speak for the kernel"
-            )
-        return text
 
 
 def _mean(values: list[float]) -> float:

@@ -186,6 +186,20 @@ def test_timed_logprobs_are_not_read(make_record):
     assert first_divergence(ref, cand, MARGIN, replayed).kind == "substantive"
 
 
+def test_the_references_replay_alone_rules_a_near_tie_out(make_record):
+    """The candidate's replay failed (vLLM refuses NaN logprobs): where the reference was sure
+    (its top-k lacks the candidate's token, or its margin is past the bound) the divergence is
+    substantive; where the reference alone allows a near-tie it stays unclassified."""
+    sure = {3: -0.01, 5: -6.0}
+    ref, cand, replayed = pair_at_third_token(make_record, sure, {})
+    only_reference = {"reference": replayed["reference"]}
+    assert first_divergence(ref, cand, MARGIN, only_reference).kind == "substantive"
+    close = {3: -0.5, 9: -0.6}
+    ref, cand, replayed = pair_at_third_token(make_record, close, {})
+    only_reference = {"reference": replayed["reference"]}
+    assert first_divergence(ref, cand, MARGIN, only_reference).kind == "unclassified"
+
+
 def test_a_divergence_with_no_margin_is_unclassified_never_substantive_or_near_tie(make_record):
     ref = make_record("reference", text="ab")
     cand = make_record("candidate", text="ac")
