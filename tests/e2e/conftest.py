@@ -22,6 +22,25 @@ def pytest_collection_modifyitems(items):
 
 
 SESSION_ROOT: list[Path] = []  # this pytest session's temporary root, set once by the fixture
+CONTROL_MARGINS: list[str] = []  # each control's measured value beside its threshold
+
+
+def beside_threshold(name: str, measured: float, threshold: float, holds_when: str) -> bool:
+    """Whether a control's measured value holds against its threshold (`holds_when`: "<=" or
+    ">="); the pair is printed at the session's end, so every run states its margins."""
+    holds = measured <= threshold if holds_when == "<=" else measured >= threshold
+    CONTROL_MARGINS.append(
+        f"{name}: measured {measured:.4g}, threshold {holds_when} {threshold:.4g}"
+        f" ({'holds' if holds else 'FAILS'})"
+    )
+    return holds
+
+
+def pytest_terminal_summary(terminalreporter):
+    if CONTROL_MARGINS:
+        terminalreporter.section("tiny-model controls: measured beside threshold")
+        for line in CONTROL_MARGINS:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session", autouse=True)

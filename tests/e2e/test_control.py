@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from .conftest import RigRun, rig_processes
+from .conftest import RigRun, beside_threshold, rig_processes
 
 
 def drift_rows(run: RigRun) -> list[dict]:
@@ -49,6 +49,7 @@ def test_ns4_passes_with_no_substantive_divergence(ns4_run):
     assert verdict["passed"]
     assert verdict["counts"]["substantive"] == 0
     assert verdict["word"] in ("identical", "equivalent up to near-ties")
+    assert beside_threshold("smoke ns4 mean drift", verdict["counts"]["drift_mean"], 0.1, "<=")
 
 
 def test_ns3_fails_on_substantive_divergences_and_drift(ns4_run, ns3_run):
@@ -59,7 +60,8 @@ def test_ns3_fails_on_substantive_divergences_and_drift(ns4_run, ns3_run):
     long_rows = [r for r in drift_rows(ns3_run) if r["prompt_id"].startswith("long-")]
     ns3_mean = verdict["counts"]["drift_mean"]
     ns4_mean = ns4_run.manifest()["verdict"]["counts"]["drift_mean"]
-    assert ns3_mean >= 10 * max(ns4_mean, 1e-3)
+    ratio = ns3_mean / max(ns4_mean, 1e-3)
+    assert beside_threshold("smoke ns3 / ns4 mean drift", ratio, 10, ">=")
     assert long_rows, "the smoke scenario sends long prompts"
     with open(ns3_run.run_dir / "mismatches.csv", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))

