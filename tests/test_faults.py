@@ -506,15 +506,16 @@ def test_a_full_disk_mid_level_is_one_error_line_and_whole_records(tmp_path):
 
 
 def test_a_port_taken_after_planning_stops_what_was_started(tmp_path):
-    """The reference is started (a stand-in process, no vLLM), then the candidate's planned
-    port turns out taken: one clear error, and the reference's process group is gone."""
+    """The reference is started (a stand-in process, no vLLM), then the candidate's own port
+    (the scenario's `port`) turns out taken: one clear error, and the reference's process group
+    is gone. A port the rig picked is picked again instead (tests/serve/test_servers.py)."""
     scenario = Scenario.model_validate(
         {"name": "t", "workload": {"prompts": [{"long_tokens": [10]}], "concurrency": [1]}}
     )
     plan = plan_servers(scenario, "/m", tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
     sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
     reference = dataclasses.replace(plan.servers["reference"], argv=sleeper)
-    candidate = plan.servers["candidate"]
+    candidate = dataclasses.replace(plan.servers["candidate"], port_fixed=True)
     servers = ServerSet([reference, candidate], startup_timeout_s=5)
     with socket_on(candidate.port), pytest.raises(ServerError) as raised, servers:
         pass

@@ -14,7 +14,7 @@ import importlib.util
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -91,6 +91,13 @@ class ServerPlan:
     install: SideInstall | None = None  # what serves it (rig/serve/installs.py)
     launcher: tuple[str, ...] = ()  # the start of argv that runs `vllm serve`
     cleanup: tuple[str, ...] = ()  # run after the server stops (a container's removal)
+    port_fixed: bool = False  # the scenario's `port`; else the rig's pick, free when planned
+
+    def with_port(self, port: int) -> ServerPlan:
+        """The same server on another port (argv's --port follows)."""
+        argv = list(self.argv)
+        argv[argv.index("--port") + 1] = str(port)
+        return replace(self, port=port, argv=tuple(argv))
 
     @property
     def serve_args(self) -> tuple[str, ...]:
@@ -358,6 +365,7 @@ def plan_servers(
             install=install,
             launcher=prefix,
             cleanup=cleanup,
+            port_fixed=config.port is not None,
         )
         servers[plan.label] = plan
     phases = placement.phases

@@ -69,9 +69,10 @@ class ServerProcess:
         self.driver_env = driver_env
         self.server = Server(plan)
 
-    def start(self) -> None:
+    def start(self) -> int:
         """Start the server, and a watchdog that stops its process group if this actor dies
-        without stopping it (a driver that crashed, a killed worker)."""
+        without stopping it (a driver that crashed, a killed worker); returns the port it
+        serves on (picked again here if the planned one was taken on this node)."""
         for name in [*WORKER_ENV, *(name for name in os.environ if name.startswith("RAY_"))]:
             os.environ.pop(name, None)  # the worker's: the server gets the driver's
         os.environ.update(self.driver_env)
@@ -84,6 +85,7 @@ class ServerProcess:
             start_new_session=True,
             check=True,
         )
+        return self.server.plan.port
 
     def exited(self) -> int | None:
         return self.server.exited()
@@ -124,11 +126,13 @@ class RayServer(Server):
     def start(self) -> None:
         ray = ray_module()
         try:
-            ray.get(self.actor.start.remote())
+            port = ray.get(self.actor.start.remote())
         except ray.exceptions.RayTaskError as exc:
             raise ServerError(f"{self.plan.label} on Ray: {exc.cause}") from None
         except ray.exceptions.RayError as exc:
             raise ServerError(f"{self.plan.label}: its Ray actor was lost ({exc})") from None
+        if port != self.plan.port:
+            self.plan = self.plan.with_port(port)
 
     def exited(self) -> int | None:
         return self._ask("exited", default=LOST)

@@ -24,7 +24,7 @@ from rig.interrupts import hold_at, interrupts_held
 from rig.records import ServerTarget
 from rig.secrets import auth_headers, redact_file, redact_text
 from rig.serve.logs import root_cause, startup_phase
-from rig.serve.plan import ServerPlan
+from rig.serve.plan import ServerPlan, free_port
 
 LOG_TAIL_LINES = 40
 PROGRESS_EVERY_S = 15.0  # a line on a start still under way this often, or at a new phase
@@ -34,13 +34,19 @@ class ServerError(RuntimeError):
     """A server that cannot be started or used; the message includes its log tail."""
 
 
-def ensure_port_free(port: int, host: str = "127.0.0.1") -> None:
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
-            raise ServerError(f"port {port} on {host} is already in use") from None
+            return False
+    return True
+
+
+def ensure_port_free(port: int, host: str = "127.0.0.1") -> None:
+    if not port_is_free(port, host):
+        raise ServerError(f"port {port} on {host} is already in use")
 
 
 @dataclass
@@ -65,9 +71,21 @@ class Server:
         )
 
     def start(self) -> None:
+        """Start the server. A port the rig picked at planning time and another process has
+        taken since (a server started before this one binds ports of its own for its engine,
+        Ray's workers bind theirs) is picked again; the scenario's own `port` is refused."""
         if self.plan.url is not None:
             return
-        ensure_port_free(self.plan.port, self.plan.host)
+        if self.plan.port_fixed:
+            ensure_port_free(self.plan.port, self.plan.host)
+        elif not port_is_free(self.plan.port, self.plan.host):
+            taken = self.plan.port
+            self.plan = self.plan.with_port(free_port(self.plan.host))
+            print(
+                f"rig: {self.plan.label}: port {taken} was taken since the plan; serving on "
+                f"{self.plan.port}",
+                flush=True,
+            )
         self.plan.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.plan.stats_dir.mkdir(parents=True, exist_ok=True)
         # vLLM's IPC sockets and vllm_dist_* files go to TMPDIR; a private one is removed on stop.

@@ -168,3 +168,21 @@ def test_gpu_ids_come_from_the_placement_s_visible_devices(tmp_path):
     plan = _plan(tmp_path, ["true"])
     assert plan.gpu_ids == frozenset()
     assert dataclasses.replace(plan, env={"CUDA_VISIBLE_DEVICES": "2, 3"}).gpu_ids == {"2", "3"}
+
+
+def test_a_port_the_rig_picked_and_another_took_is_picked_again(tmp_path, capsys):
+    """Between the plan and the start another process bound the planned port (a server started
+    before this one binds its engine's ports, Ray's workers theirs): the server moves."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        argv = [sys.executable, "-c", "import time; time.sleep(60)", "--port", str(taken)]
+        server = Server(dataclasses.replace(_plan(tmp_path, argv), port=taken))
+        try:
+            server.start()
+            assert server.plan.port != taken and server.plan.argv[-1] == str(server.plan.port)
+            assert server.base_url.endswith(f":{server.plan.port}")
+            assert f"port {taken} was taken since the plan" in capsys.readouterr().out
+        finally:
+            server.stop(grace_s=1)
