@@ -1,7 +1,9 @@
 """The `rig` console script: one command for the pipeline's entry points.
 
 rig run SCENARIO [--set k=v ...]      python -m rig.run
-rig plan SCENARIO [--assume-gpus N]   python -m rig.run --plan: preflight and the plan only
+rig plan SCENARIO [--assume-gpus N [--assume-gpu-gib G]]
+                                      python -m rig.run --plan: preflight and the plan only
+                                      (N GPUs of G GiB each: TP sized to them)
 rig compare RUN_A RUN_B               python -m rig.run.compare_runs
 rig bisect RUN_DIR [--request-id ID]  python -m rig.run.bisect
 """

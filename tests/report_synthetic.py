@@ -198,7 +198,7 @@ def synthetic_outcome(
         aa_pairs = compare_pairs(first, first, 0.25, max_tokens=2048, replayed=replayed)
         aa_drift = [DriftResult(p, 12, 0.0, 0.0, 0.0, 0.0, 0.0, 0) for p in prompts]
     gates = GatesConfig(max_mean_drift=0.1, max_mean_prompt_drift=0.25)
-    verdict = decide(gates, pairs, drift, 0.0, KERNELS, "ns3", False, 1, None, aa_pairs, aa_drift)
+    verdict = decide(gates, pairs, drift, 0.0, KERNELS, "ns3", False, 1, aa_pairs, aa_drift)
     outcome = RunOutcome(
         run_id="synthetic-ns3",
         run_dir=run_dir,

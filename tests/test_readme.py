@@ -3,9 +3,9 @@
 Every line of their `sh` blocks (and every `$ ` line of their other blocks) that runs `python -m
 rig...`, `python -m kernels...`, `rig <command>`, `python benchmarks/...` or `make <target>`:
 a pipeline run (`python -m rig.run`, `rig run`, `rig plan`) is planned with `--plan` (and
-`--assume-gpus 8` for a model that needs GPUs), every other python command answers `--help`
-naming each option the page uses, and a make target exists (`make -n`). The pages' relative
-links resolve, and the README links every page of docs/.
+`--assume-gpus 8 --assume-gpu-gib 80` for a model that needs GPUs), every other python command
+answers `--help` naming each option the page uses, and a make target exists (`make -n`). The
+pages' relative links resolve, and the README links every page of docs/.
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ def _plan(entry: list[str], args: list[str], plan_flag: bool) -> Check:
         return _help(entry, args)
     extra = ["--plan"] if plan_flag and "--plan" not in args else []
     if model not in EMBEDDED_MODELS and "--assume-gpus" not in args:
-        extra += ["--assume-gpus", "8"]  # a preset or checkpoint: plan for a GPU node
+        # a preset or checkpoint: plan for a node of H100s (their memory sizes the TP)
+        extra += ["--assume-gpus", "8", "--assume-gpu-gib", "80"]
     return Check((*entry, *args, *extra), "plan")
 
 

@@ -22,7 +22,16 @@ from rig.serve.plan import LaunchPlan
 from rig.serve.skew import served_skew
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
-from rig.verdict.gates import Gate, GateKind, SideKernel, Verdict, VerdictWord, decide
+from rig.verdict.gates import (
+    Gate,
+    GateKind,
+    SideKernel,
+    Verdict,
+    VerdictWord,
+    decide,
+    performance_gate,
+    with_gate,
+)
 from rig.verdict.initial_state import chunked_prefill, initial_state_gate
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import perf_result
@@ -247,12 +256,13 @@ def build_outcome(
             gated=self_check_gated,
         )
     timing = timing_design(ctx, state.server_deltas, state.faults)
+    levels = len(workload.concurrency)  # the family the intervals' confidence is set for
     raw_perf = perf_result(
         state.records,
         state.aa_records,
         aa_concurrency(scenario),
         planted_delay(scenario.candidate.kernel, ctx.plan, state.server_deltas),
-        confidence=SpeedDesign(True).interval_confidence(len(workload.concurrency)),
+        confidence=SpeedDesign(True).interval_confidence(levels),
         timing=timing,
         deltas=state.server_deltas,
     )
@@ -265,7 +275,6 @@ def build_outcome(
         candidate_should_run(scenario),
         is_aa_run(scenario),
         log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
-        perf=raw_perf,
         aa_pairs=aa_pairs,
         aa_drift=aa_drift,
         reference_backend=(
@@ -302,6 +311,9 @@ def build_outcome(
         budget_s=workload.speed_budget_s,
     )
     perf = apply_design(raw_perf, speed)
+    allowed_pct = scenario.gates.max_perf_regression_pct
+    if allowed_pct is not None and raw_perf.levels:  # judges only what the speed line words
+        verdict = with_gate(verdict, performance_gate(raw_perf, speed, allowed_pct, levels))
     if error is not None:
         verdict = failed_verdict(verdict, error)
     return RunOutcome(

@@ -13,26 +13,9 @@ from kernels.proof import read_kernel_proof
 from rig.load.server_metrics import MetricsUnreadable, fetch_kernel_proof, served_version
 from rig.records import Side
 from rig.run.state import RunContext, RunState
+from rig.serve.placement import phase_rounds
 from rig.serve.plan import ServerPlan
 from rig.serve.servers import Server
-
-
-@dataclass(frozen=True)
-class Round:
-    """One start of a phase's servers and the repeats they run before they stop."""
-
-    servers: tuple[str, ...]
-    repeats: tuple[int, ...]
-
-
-def phase_rounds(phases: tuple[tuple[str, ...], ...], repeats: int) -> list[Round]:
-    """Each phase once, running every repeat, when the sides run at the same time (one phase)
-    or there is one repeat. With the sides one after the other and several repeats they are
-    interleaved, reference r0, candidate r0, reference r1, ...: the servers restart for every
-    repeat, so that a machine drifting over time slows both sides alike, not one."""
-    if len(phases) < 2 or repeats < 2:
-        return [Round(phase, tuple(range(repeats))) for phase in phases]
-    return [Round(phase, (repeat,)) for repeat in range(repeats) for phase in phases]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ from rig.scenario.prompts import Prompt, PromptFileError
 from rig.scenario.workload import WorkloadError, resolve_conversations, resolve_prompts
 from rig.serve.hardware import Hardware
 from rig.serve.plan import LaunchPlan
-from rig.serve.preflight import PreflightError, preflight, render_plan
+from rig.serve.plan_text import render_plan
+from rig.serve.preflight import PreflightError, preflight
 from rig.serve.ray_pairs import RayPairs
 from rig.serve.servers import ServerError, ServerSet
 from rig.verdict.gates import SideKernel
@@ -192,6 +193,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --plan: plan for a node with N GPUs (this machine's GPUs are not looked at)",
     )
     parser.add_argument(
+        "--assume-gpu-gib",
+        type=float,
+        metavar="G",
+        help="with --assume-gpus: each assumed GPU's memory in GiB, to size tensor parallelism "
+        "and check the weights against (e.g. 140 for an H200, 80 for an H100)",
+    )
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=Path(".cache/golden"),
@@ -200,41 +208,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    interrupts_raise()
-    wall_start = time.monotonic()
-    try:
-        scenario = load_scenario(args.scenario, args.overrides)
-        run_id = (
-            args.run_id or scenario.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{scenario.name}"
+def _hardware(args: argparse.Namespace) -> Hardware:
+    """This machine's, or with --assume-gpus the node a plan is for."""
+    if args.assume_gpus is not None and not args.plan:
+        raise ScenarioError("--assume-gpus plans for another node: use it with --plan")
+    if args.assume_gpus is not None and args.assume_gpus < 0:
+        raise ScenarioError("--assume-gpus must be 0 or more")
+    if args.assume_gpu_gib is not None and args.assume_gpus is None:
+        raise ScenarioError(
+            "--assume-gpu-gib is each assumed GPU's memory: use it with --assume-gpus"
         )
-        run_dir = scenario.results_dir / run_id
-        if args.resume:
-            if not (args.run_id or scenario.run_id):
-                raise ScenarioError("--resume needs --run-id naming the interrupted run")
-            _check_resumable(run_dir, scenario)
-        elif run_dir.exists() and any(run_dir.iterdir()):
-            raise ScenarioError(
-                f"results folder {run_dir} already exists and is not empty (--resume continues it)"
-            )
-        if args.assume_gpus is not None and not args.plan:
-            raise ScenarioError("--assume-gpus plans for another node: use it with --plan")
-        if args.assume_gpus is not None and args.assume_gpus < 0:
-            raise ScenarioError("--assume-gpus must be 0 or more")
-        prompts = resolve_prompts(scenario.workload)
-        hardware = Hardware.detect()
-        if args.assume_gpus is not None:
-            hardware = Hardware.assume_gpus(args.assume_gpus)
-        hold_at("preflight")
-        checked = preflight(scenario, run_dir, hardware)
-        if args.plan:
-            print(render_plan(checked, len(prompts)))
-            return ExitCode.PASS
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ScenarioError(f"results folder {run_dir}: {exc.strerror}") from None
+    if args.assume_gpu_gib is not None and args.assume_gpu_gib <= 0:
+        raise ScenarioError("--assume-gpu-gib must be more than 0")
+    if args.assume_gpus is not None:
+        return Hardware.assume_gpus(args.assume_gpus, args.assume_gpu_gib)
+    return Hardware.detect()
+
+
+def _run_dir(args: argparse.Namespace, scenario: Scenario) -> tuple[str, Path]:
+    run_id = args.run_id or scenario.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{scenario.name}"
+    run_dir = scenario.results_dir / run_id
+    if args.resume:
+        if not (args.run_id or scenario.run_id):
+            raise ScenarioError("--resume needs --run-id naming the interrupted run")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise ScenarioError(
+            f"results folder {run_dir} already exists and is not empty (--resume continues it)"
+        )
+    return run_id, run_dir
+
+
+def _prepare(args: argparse.Namespace) -> Runner | None:
+    """Preflight, then the runner of the run with the servers' sizes in its scenario; None
+    after printing the plan (--plan)."""
+    scenario = load_scenario(args.scenario, args.overrides)
+    run_id, run_dir = _run_dir(args, scenario)
+    hardware = _hardware(args)
+    prompts = resolve_prompts(scenario.workload)
+    hold_at("preflight")
+    checked = preflight(scenario, run_dir, hardware)
+    if args.plan:
+        print(render_plan(checked, len(prompts)))
+        return None
+    scenario = checked.scenario  # as sized: what the run records and --resume compares
+    if args.resume:
+        _check_resumable(run_dir, scenario)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
         cache = None if args.no_cache else GoldenCache(args.cache_dir)
         runner = Runner.prepare(
             scenario,
@@ -249,15 +269,29 @@ def main(argv: list[str] | None = None) -> int:
         (run_dir / "scenario.resolved.json").write_text(scenario.model_dump_json(indent=2))
         servers = runner.ctx.manifest.to_json()["servers"]
         (run_dir / "servers.json").write_text(json.dumps(servers, indent=2))
+    except OSError as exc:
+        raise ScenarioError(f"results folder {run_dir}: {exc.strerror or exc}") from None
+    return runner
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    interrupts_raise()
+    wall_start = time.monotonic()
+    try:
+        runner = _prepare(args)
+        if runner is None:
+            return ExitCode.PASS
     except (ScenarioError, PromptFileError, WorkloadError, PreflightError, ServerError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
-    except OSError as exc:  # the results folder cannot be written
-        print(f"rig: error: results folder {run_dir}: {exc}", file=sys.stderr)
+    except OSError as exc:  # a file the setup reads
+        print(f"rig: error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
     except KeyboardInterrupt:
         print("rig: error: interrupted before any server started; nothing ran", file=sys.stderr)
         return ExitCode.ERROR
+    scenario, run_id, run_dir = runner.ctx.scenario, runner.ctx.run_id, runner.ctx.run_dir
     golden = runner.golden.entry
     mode = runner.ctx.plan.placement.describe()
     if golden is not None:

@@ -79,11 +79,11 @@ class ModelConfig(_Served):
         description="HF id, local path, or an embedded model: 'tiny', 'tiny-lm', 'tiny-gdn', "
         "'tiny-qwen35', 'qwen35-control'",
     )
-    preset: str | None = Field(None, description="set by the rig: the preset the name resolved to")
+    preset: str | None = Field(None, description="set by the rig from the name, or by you")
     served_name: str | None = None
     dtype: str = "bfloat16"
     max_model_len: int | None = Field(None, gt=0)
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int | None = Field(None, ge=1, description="default: sized to the GPUs")
     enforce_eager: bool | None = Field(None, description="default: eager on CPU only")
     gdn_prefill_backend: GdnBackend = Field(
         "triton", description="vLLM's GDN prefill backend on both sides; triton = FLA"

@@ -4,6 +4,7 @@ overrides on top, validation with one-line errors, and prompt paths resolved."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,35 @@ from rig.scenario.strict import StrictModel
 PRESETS_DIR = PROJECT_ROOT / "scenarios" / "presets"
 
 
+class CheckpointFacts(StrictModel):
+    """What a checkpoint's config.json says of its model: the architecture, the sizes that set
+    its weights, and its quantization. A preset's model is known by these, not by the name a
+    local copy's folder or `_name_or_path` happens to carry (a download's folder is named by
+    whoever made it; `save_pretrained` writes the path it loaded from, or nothing)."""
+
+    architectures: list[str]
+    hidden_size: int
+    num_hidden_layers: int
+    num_experts: int | None = None
+    quant_method: str | None = None  # None: unquantized
+
+    def describe(self) -> str:
+        experts = f", {self.num_experts} experts" if self.num_experts else ""
+        return (
+            f"{'+'.join(self.architectures) or 'no architecture'}, hidden {self.hidden_size}, "
+            f"{self.num_hidden_layers} layers{experts}, {self.quant_method or 'unquantized'}"
+        )
+
+
 class Preset(StrictModel):
     """A model's serving setup in one YAML file under scenarios/presets/: the name users type
-    resolves to the hub id and the flags the seeds served it with."""
+    resolves to the hub id and the flags the seeds served it with; a local checkpoint whose
+    config.json shows `checkpoint` gets it too."""
 
     key: str
     aliases: list[str] = Field(default_factory=list)
     weights_gib: float | None = None
+    checkpoint: CheckpointFacts | None = None
     model: dict[str, Any]
     workload: dict[str, Any] = Field(default_factory=dict)
 
@@ -50,6 +73,68 @@ def find_preset(name: str | None, directory: Path = PRESETS_DIR) -> Preset | Non
     return next((p for p in load_presets(directory).values() if wanted in p.names()), None)
 
 
+def checkpoint_facts(folder: Path) -> CheckpointFacts | None:
+    """A local checkpoint's facts from its config.json (a multimodal wrapper such as
+    Qwen3.5's keeps the language model's sizes in `text_config`); None where it does not say."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    sizes = {**config, **text}
+    quant = config.get("quantization_config") or text.get("quantization_config")
+    try:
+        return CheckpointFacts(
+            architectures=config.get("architectures") or [],
+            hidden_size=sizes.get("hidden_size"),
+            num_hidden_layers=sizes.get("num_hidden_layers"),
+            num_experts=sizes.get("num_experts"),
+            quant_method=quant.get("quant_method") if isinstance(quant, dict) else None,
+        )
+    except ValidationError:
+        return None
+
+
+def _local_checkpoint(name: str | None) -> Path | None:
+    folder = Path(name).expanduser() if name else None
+    return folder if folder is not None and (folder / "config.json").is_file() else None
+
+
+def preset_for(model: dict[str, Any], directory: Path = PRESETS_DIR) -> Preset | None:
+    """The preset under a scenario's model: the one `model.preset` names, else the one its
+    name (hub id or alias) names, else the one a local checkpoint's config.json matches."""
+    presets = load_presets(directory)
+    name = model.get("name") if isinstance(model.get("name"), str) else None
+    folder = _local_checkpoint(name)
+    facts = checkpoint_facts(folder) if folder is not None else None
+    key = model.get("preset")
+    if key is not None:
+        chosen = presets.get(key)
+        if chosen is None:
+            raise ScenarioError(f"model.preset {key!r}: no such preset ({', '.join(presets)})")
+        if folder is not None and facts != chosen.checkpoint:
+            found = facts.describe() if facts else "no architecture and sizes"
+            wanted = chosen.checkpoint.describe() if chosen.checkpoint else "none given"
+            raise ScenarioError(
+                f"model.preset {key}: {folder}'s config.json is another model ({found}; the "
+                f"preset's: {wanted})"
+            )
+        return chosen
+    named = find_preset(name, directory)
+    if named is not None or facts is None:
+        return named
+    matches = [p for p in presets.values() if p.checkpoint == facts]
+    if len(matches) > 1:
+        keys = ", ".join(p.key for p in matches)
+        raise ScenarioError(
+            f"model {folder}: its config.json matches presets {keys} alike (the same "
+            "architecture and sizes): pick one with --set model.preset=KEY"
+        )
+    return matches[0] if matches else None
+
+
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in over.items():
@@ -63,8 +148,8 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Scenario data with the named model's preset underneath: preset < file < --set."""
     probe = apply_overrides(copy.deepcopy(data), overrides)
-    name = (model_mapping(probe.get("model")) or {}).get("name")
-    preset = find_preset(name if isinstance(name, str) else None)
+    model = model_mapping(probe.get("model")) or {}
+    preset = preset_for(model)
     if preset is None:
         return probe
     file_data = dict(data)
@@ -75,7 +160,9 @@ def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
         layer["workload"] = preset.workload
     merged = apply_overrides(_deep_merge(layer, file_data), overrides)
     merged["model"] = model_mapping(merged["model"])
-    merged["model"] |= {"name": preset.model["name"], "preset": preset.key}
+    name = model.get("name")
+    named = not isinstance(name, str) or name.strip().lower() in preset.names()
+    merged["model"] |= {"name": preset.model["name"] if named else name, "preset": preset.key}
     return merged
 
 

@@ -1,5 +1,6 @@
 """What this machine offers the servers: GPUs (honouring CUDA_VISIBLE_DEVICES, with their free
-memory), CPU cores and memory; or, with --assume-gpus, what a plan for another node assumes."""
+memory), CPU cores and memory; or, with --assume-gpus (and --assume-gpu-gib), what a plan for
+another node assumes."""
 
 from __future__ import annotations
 
@@ -32,14 +33,22 @@ class Hardware:
         )
 
     @classmethod
-    def assume_gpus(cls, count: int) -> Hardware:
-        """A node this process is not on: `count` GPUs of unknown free memory."""
+    def assume_gpus(cls, count: int, gib: float | None = None) -> Hardware:
+        """A node this process is not on: `count` GPUs with `gib` GiB free each (None:
+        unknown, so nothing is sized or checked against it)."""
         return cls(
             gpu_count=count,
             cpu_ids=tuple(range(os.cpu_count() or 1)),
             gpu_ids=tuple(str(i) for i in range(count)),
+            gpu_free_mib=tuple(int(gib * 1024) for _ in range(count)) if gib else (),
             assumed=True,
         )
+
+    @property
+    def gpu_gib(self) -> float | None:
+        """The least free memory of any GPU, in GiB (a server may land on any); None when it
+        is unknown."""
+        return min(self.gpu_free_mib) / 1024 if self.gpu_free_mib else None
 
     def kv_cache_gib(self, servers: int) -> int:
         """A CPU server's KV cache: a third of the memory shared by the servers, 1..32 GiB."""

@@ -118,6 +118,7 @@ class Placement:
     replicas: int
     slots: tuple[Slot, ...]
     phases: tuple[tuple[str, ...], ...]  # slot labels that run at the same time
+    reason: str = ""  # why the servers run at once or in turn, in words
 
     def slot(self, label: str) -> Slot:
         return next(slot for slot in self.slots if slot.label == label)
@@ -137,7 +138,26 @@ class Placement:
                 devices += f" ({slot.gpu_memory_fraction:.0%} of memory)"
             parts.append(f"{slot.label}: {devices}")
         pairs = f"{self.replicas} replica pairs, " if self.replicas > 1 else ""
-        return f"{pairs}{self.mode}; " + "; ".join(parts)
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{pairs}{self.mode}{why}; " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One start of a phase's servers and the repeats they run before they stop."""
+
+    servers: tuple[str, ...]
+    repeats: tuple[int, ...]
+
+
+def phase_rounds(phases: tuple[tuple[str, ...], ...], repeats: int) -> list[Round]:
+    """Each phase once, running every repeat, when the sides run at the same time (one phase)
+    or there is one repeat. With the sides one after the other and several repeats they are
+    interleaved, reference r0, candidate r0, reference r1, ...: the servers restart for every
+    repeat, so that a machine drifting over time slows both sides alike, not one."""
+    if len(phases) < 2 or repeats < 2:
+        return [Round(phase, tuple(range(repeats))) for phase in phases]
+    return [Round(phase, (repeat,)) for repeat in range(repeats) for phase in phases]
 
 
 def place_on_gpus(
@@ -161,19 +181,21 @@ def place_on_gpus(
     pairs = replicas or max(groups // 2, 1)
     count = pairs * len(launched)
     per_group = -(-count // groups)
+    made = f"{_many(gpu_count, 'GPU')} make {_many(groups, 'group')} of TP{tp}"
     if per_group == 1:
         slots = [
             Slot(side, replica, _group(index, tp))
             for index, (replica, side) in enumerate(_servers(pairs, launched))
         ]
-        return _one_phase("simultaneous", pairs, slots)
+        return _one_phase("simultaneous", pairs, slots, f"{made}, one per server: all at once")
     if share is not False and per_group <= copies:
         fraction = round(SHARED_GPU_MEMORY_BUDGET / per_group, 2)
         slots = [
             Slot(side, replica, _group(index % groups, tp), (), fraction)
             for index, (replica, side) in enumerate(_servers(pairs, launched))
         ]
-        return _one_phase("shared", pairs, slots)
+        why = f"{made} for {count} servers, and a group's memory holds {copies}"
+        return _one_phase("shared", pairs, slots, f"{why}: at once, sharing")
     if share:
         raise PlacementError(
             f"share_gpus: {per_group} servers per GPU do not fit in the GPUs' free memory "
@@ -185,7 +207,13 @@ def place_on_gpus(
             f"can share; {gpu_count} available"
         )
     slots = [Slot(side, 0, _group(0, tp)) for side in launched]
-    return Placement("sequential", 1, tuple(slots), tuple((slot.label,) for slot in slots))
+    room = " (share_gpus: false)" if share is False else f", and a group's memory holds {copies}"
+    why = f"{made} for {count} servers{room}: one side after the other"
+    return Placement("sequential", 1, tuple(slots), tuple((s.label,) for s in slots), why)
+
+
+def _many(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def _servers(pairs: int, launched: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -205,9 +233,10 @@ def place_on_cpus(cpu_ids: tuple[int, ...], launched: tuple[str, ...]) -> Placem
             Slot(side, 0, (), cpu_ids[i * per_side : (i + 1) * per_side])
             for i, side in enumerate(launched)
         ]
-        return _one_phase("simultaneous", 1, slots)
+        return _one_phase("simultaneous", 1, slots, "cores split between the sides: at once")
     slots = [Slot(side, 0) for side in launched]
-    return Placement("sequential", 1, tuple(slots), tuple((slot.label,) for slot in slots))
+    why = "fewer cores than sides: one side after the other"
+    return Placement("sequential", 1, tuple(slots), tuple((s.label,) for s in slots), why)
 
 
 def side_resources(tp: int, on_gpus: bool) -> dict[str, float]:
@@ -254,12 +283,12 @@ def place_on_nodes(
             cpus = () if on_gpus else tuple(cores)
             slots.append(Slot(side, replica, (), cpus, None, node, tp if on_gpus else 0))
     slots.sort(key=lambda slot: (slot.replica, launched.index(slot.side)))
-    return _one_phase("simultaneous", pairs, slots)
+    return _one_phase("simultaneous", pairs, slots, "each pair on one node: all at once")
 
 
-def _one_phase(mode, replicas: int, slots: list[Slot]) -> Placement:
+def _one_phase(mode, replicas: int, slots: list[Slot], reason: str = "") -> Placement:
     phases = (tuple(slot.label for slot in slots),) if slots else ()
-    return Placement(mode, replicas, tuple(slots), phases)
+    return Placement(mode, replicas, tuple(slots), phases, reason)
 
 
 def shard(count: int, replicas: int, concurrency: int) -> list[tuple[list[int], int]]:

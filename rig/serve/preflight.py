@@ -5,14 +5,14 @@ The model (embedded, local path, Hugging Face cache or hub), the vLLM installati
 undeclared difference between the sides), the GPUs a placement needs and their free memory
 against the checkpoint's size, the GDN backends' importability, the ports. Every problem found
 goes into one line, so a user on the wrong machine learns all of it at once. `python -m rig.run
-SCENARIO --plan` prints the resolved plan after these checks and starts nothing.
+SCENARIO --plan` prints the resolved plan after these checks (rig/serve/plan_text.py) and starts
+nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -23,17 +23,15 @@ from rig.scenario.config import SIDES, Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.installs import InstallError, SideInstall, resolve_installs
 from rig.serve.placement import ClusterNode, PlacementError
-from rig.serve.plan import LaunchPlan, plan_servers
+from rig.serve.plan import LaunchPlan, plan_servers, tensor_parallel
 from rig.serve.ray_cluster import ClusterUnavailable, cluster_nodes
 from rig.serve.servers import ServerError, ensure_port_free
+from rig.serve.sizing import TensorParallel, size_tensor_parallel
 from rig.serve.skew import install_skew
 
 GIB = 2**30
 HUB_TIMEOUT_S = 4.0
 GPU_RESERVE_GIB = 2.0  # CUDA context, activations, a minimal KV cache per server
-# Rough serving speeds for the plan's time estimate: per generated token and per start.
-SECONDS_PER_TOKEN = {"gpu": 0.02, "cpu": 0.05}
-STARTUP_S = {"gpu": 120.0, "cpu": 30.0}
 
 
 class PreflightError(ValueError):
@@ -58,6 +56,7 @@ class Preflight:
     plan: LaunchPlan
     installs: dict[str, SideInstall] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    tensor_parallel: TensorParallel | None = None  # None: no server is started
 
 
 def checkpoint_bytes(folder: Path) -> int | None:
@@ -101,10 +100,15 @@ def hub_reachable(hub_id: str) -> tuple[bool, str]:
         return False, f"the hub is unreachable ({reason})"
 
 
+def declared_bytes(scenario: Scenario) -> int | None:
+    """The weights' size the scenario (its preset) declares, for want of a checkpoint."""
+    return int(scenario.model.weights_gib * GIB) if scenario.model.weights_gib else None
+
+
 def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
     """Find the model without loading it: PreflightError when it cannot be had."""
     name = scenario.model.name
-    declared = int(scenario.model.weights_gib * GIB) if scenario.model.weights_gib else None
+    declared = declared_bytes(scenario)
     if is_embedded(name):
         folder = ensure_embedded_model(name)
         return ModelLocation(str(folder), "embedded", checkpoint_bytes(folder))
@@ -150,24 +154,30 @@ def check_backends(
 
 
 def check_memory(scenario: Scenario, plan: LaunchPlan, hardware: Hardware, weights: int) -> list:
-    """Weights per GPU (split by tensor parallelism) against each server's GPUs' free memory."""
+    """Weights per GPU (split by tensor parallelism) against each server's GPUs' free memory,
+    times the servers that hold those GPUs at the same time (a phase's; sides in turn take
+    the same GPUs one after the other)."""
     problems = []
-    tp = scenario.model.tensor_parallel_size
-    for server in plan.servers.values():
-        slot = next((s for s in plan.placement.slots if s.label == server.label), None)
-        if slot is None or not slot.gpus:
+    tp = tensor_parallel(scenario)
+    phase_of = {label: phase for phase in plan.phases for label in phase}
+    for slot in plan.placement.slots:
+        together = phase_of.get(slot.label, ())
+        sharing = sum(
+            1 for s in plan.placement.slots if s.label in together and set(s.gpus) & set(slot.gpus)
+        )
+        need = (weights / tp + GPU_RESERVE_GIB * GIB) * sharing
+        short = [g for g in slot.gpus if need > hardware.gpu_free_mib[g] * 2**20]
+        if not short:
             continue
-        sharing = sum(1 for s in plan.placement.slots if set(s.gpus) & set(slot.gpus))
-        need = weights / tp * sharing + GPU_RESERVE_GIB * GIB * sharing
-        for gpu in slot.gpus:
-            free = hardware.gpu_free_mib[gpu] * 2**20
-            if need > free:
-                problems.append(
-                    f"GPU {hardware.visible_devices((gpu,))} has {free / GIB:.0f} GiB free, "
-                    f"{server.label} needs about {need / GIB:.0f} GiB there "
-                    f"({weights / GIB:.0f} GiB of weights over TP{tp})"
-                )
-    return list(dict.fromkeys(problems))
+        free = min(hardware.gpu_free_mib[g] for g in short) * 2**20
+        assumed = " (assumed)" if hardware.assumed else ""
+        at_once = f", {sharing} servers at once" if sharing > 1 else ""
+        problems.append(
+            f"GPU {hardware.visible_devices(tuple(short))} {'has' if len(short) == 1 else 'have'} "
+            f"{free / GIB:.0f} GiB free{assumed}, {slot.label} needs about {need / GIB:.0f} GiB "
+            f"on each ({weights / GIB:.0f} GiB of weights over TP{tp}{at_once})"
+        )
+    return problems
 
 
 def model_copies(weights: int | None, hardware: Hardware, tp: int) -> int:
@@ -177,19 +187,6 @@ def model_copies(weights: int | None, hardware: Hardware, tp: int) -> int:
         return 1
     per_server = weights / tp + GPU_RESERVE_GIB * GIB
     return max(1, int(min(hardware.gpu_free_mib[:tp]) * 2**20 // per_server))
-
-
-def needs_gpus(scenario: Scenario, hardware: Hardware) -> str | None:
-    tp = scenario.model.tensor_parallel_size
-    launched = [s for s in SIDES if scenario.side(s).url is None]
-    here = scenario.placement.backend == "local"  # on Ray, the nodes' GPUs count
-    if hardware.gpu_count == 0 and tp > 1 and launched and here:
-        preset = f" (preset {scenario.model.preset})" if scenario.model.preset else ""
-        return (
-            f"{scenario.model.name}{preset} needs {tp} GPUs per side "
-            f"(tensor_parallel_size={tp}); this machine has none"
-        )
-    return None
 
 
 def ray_nodes(scenario: Scenario) -> tuple[tuple[ClusterNode, ...], str | None]:
@@ -207,141 +204,106 @@ def ray_nodes(scenario: Scenario) -> tuple[tuple[ClusterNode, ...], str | None]:
         return (), str(exc)
 
 
+def _model_problem(scenario: Scenario, exc: Exception, hardware: Hardware) -> str:
+    where = " (--assume-gpus)" if hardware.assumed else ""
+    preset = f" (preset {scenario.model.preset})" if scenario.model.preset else ""
+    return f"{scenario.model.name}{preset}: {exc}{where}"
+
+
+def _locate(
+    scenario: Scenario, hardware: Hardware, launched: list[str], problems: list
+) -> ModelLocation:
+    if not launched:
+        return ModelLocation(scenario.model.name, "attached", note="served by attached servers")
+    try:
+        return locate_model(scenario, check_hub=not hardware.assumed)
+    except PreflightError as exc:  # its declared size still says what it would need
+        problems.append(str(exc))
+        return ModelLocation(scenario.model.name, "missing", declared_bytes(scenario))
+
+
+def _sized(scenario: Scenario, tp: TensorParallel | None) -> Scenario:
+    """The scenario with the size its servers get written in (what the run records)."""
+    if tp is None:
+        return scenario
+    model = scenario.model.model_copy(update={"tensor_parallel_size": tp.size})
+    return scenario.model_copy(update={"model": model})
+
+
+def _memory(scenario: Scenario, plan: LaunchPlan, hardware: Hardware, model: ModelLocation):
+    """The plan's servers against their GPUs' free memory, or a note on why not checked."""
+    if not hardware.gpu_count:
+        return [], []
+    if not hardware.gpu_free_mib:
+        how = ": --assume-gpu-gib" if hardware.assumed else ""
+        return [], [f"GPU memory: not checked (unknown{how})"]
+    if model.weights_bytes is None:
+        return [], ["GPU memory: not checked (checkpoint size unknown)"]
+    return check_memory(scenario, plan, hardware, model.weights_bytes), []
+
+
+def _port_problems(scenario: Scenario, plan: LaunchPlan, hardware: Hardware) -> list[str]:
+    """Explicit ports taken here; on Ray, each node checks its own at start."""
+    if hardware.assumed or scenario.placement.backend != "local":
+        return []
+    problems = []
+    for server in plan.servers.values():
+        if server.url is None and scenario.side(server.side).port is not None:
+            try:
+                ensure_port_free(server.port, server.host)
+            except ServerError as exc:
+                problems.append(str(exc))
+    return problems
+
+
 def preflight(
     scenario: Scenario, run_dir: Path, hardware: Hardware, sides: tuple[str, ...] = SIDES
 ) -> Preflight:
-    """All checks; raises PreflightError with every problem in one line."""
+    """All checks; raises PreflightError with every problem in one line. The Preflight's
+    scenario holds the tensor-parallel size its servers get."""
     problems: list[str] = []
-    notes: list[str] = []
     installs: dict[str, SideInstall] = {}
     try:
         installs = resolve_installs(scenario, sides)
     except InstallError as exc:
         problems.append(str(exc))
     problems += install_skew(scenario, installs)
-    gpu_problem = needs_gpus(scenario, hardware)
-    if gpu_problem is not None:
-        problems.append(gpu_problem)
     launched = [side for side in sides if scenario.side(side).url is None]
-    try:
-        model = (
-            locate_model(scenario, check_hub=not hardware.assumed)
-            if launched
-            else ModelLocation(scenario.model.name, "attached", note="served by attached servers")
-        )
-    except PreflightError as exc:
-        problems.append(str(exc))
-        model = ModelLocation(scenario.model.name, "missing")
-    if model.note:
-        notes.append(f"model: {model.note}")
+    model = _locate(scenario, hardware, launched, problems)
+    notes = [f"model: {model.note}"] if model.note else []
     problems += check_backends(scenario, installs, hardware)
     nodes, cluster_problem = ray_nodes(scenario)
     problems += [cluster_problem] if cluster_problem else []
+    tp = None
+    try:
+        tp = (
+            size_tensor_parallel(scenario, hardware, model.weights_bytes, nodes)
+            if launched
+            else None
+        )
+    except PlacementError as exc:
+        problems.append(_model_problem(scenario, exc, hardware))
+    scenario = _sized(scenario, tp)
     plan = None
-    if gpu_problem is None and len(installs) == len(sides) and cluster_problem is None:
-        tp = scenario.model.tensor_parallel_size
+    if (tp or not launched) and len(installs) == len(sides) and cluster_problem is None:
         try:
+            copies = model_copies(model.weights_bytes, hardware, tensor_parallel(scenario))
             plan = plan_servers(
                 scenario,
                 model.path,
                 run_dir,
                 hardware,
                 sides,
-                copies=model_copies(model.weights_bytes, hardware, tp),
+                copies=copies,
                 installs=installs,
                 nodes=nodes,
             )
         except PlacementError as exc:
-            where = " (--assume-gpus)" if hardware.assumed else ""
-            preset = f" (preset {scenario.model.preset})" if scenario.model.preset else ""
-            problems.append(f"{scenario.model.name}{preset}: {exc}{where}")
-    if plan is not None and hardware.gpu_count:
-        if hardware.assumed:
-            notes.append("GPU memory: not checked (--assume-gpus plans for another node)")
-        elif model.weights_bytes is None:
-            notes.append("GPU memory: not checked (checkpoint size unknown)")
-        else:
-            problems += check_memory(scenario, plan, hardware, model.weights_bytes)
-    if plan is not None and not hardware.assumed and scenario.placement.backend == "local":
-        for server in plan.servers.values():  # on Ray, each node checks its own at start
-            if server.url is None and scenario.side(server.side).port is not None:
-                try:
-                    ensure_port_free(server.port, server.host)
-                except ServerError as exc:
-                    problems.append(str(exc))
+            problems.append(_model_problem(scenario, exc, hardware))
+    if plan is not None:
+        memory_problems, memory_notes = _memory(scenario, plan, hardware, model)
+        problems += memory_problems + _port_problems(scenario, plan, hardware)
+        notes += memory_notes
     if problems or plan is None:
         raise PreflightError("; ".join(problems) or "no placement")
-    return Preflight(scenario, hardware, model, plan, installs, notes)
-
-
-def request_count(scenario: Scenario, prompt_count: int) -> int:
-    workload = scenario.workload
-    per_level = workload.requests_per_level or prompt_count
-    return per_level * len(workload.concurrency) * workload.repeats
-
-
-def expected_duration_s(checked: Preflight, prompt_count: int) -> float:
-    """A rough lower bound: server starts per phase, then each level's requests in waves of
-    C at an assumed per-token speed (the plan prints the assumption)."""
-    workload = checked.scenario.workload
-    kind = "gpu" if checked.hardware.gpu_count else "cpu"
-    per_level = workload.requests_per_level or prompt_count
-    waves = sum(-(-per_level // c) for c in workload.concurrency) * workload.repeats
-    load = waves * workload.max_tokens * SECONDS_PER_TOKEN[kind]
-    return len(checked.plan.phases) * (STARTUP_S[kind] + load)
-
-
-def render_plan(checked: Preflight, prompt_count: int) -> str:
-    """The resolved plan, as `--plan` prints it."""
-    scenario, plan = checked.scenario, checked.plan
-    workload = scenario.workload
-    model = scenario.model
-    preset = f", preset {model.preset}" if model.preset else ""
-    size = f", {checked.model.weights_bytes / GIB:.1f} GiB" if checked.model.weights_bytes else ""
-    gpus = f"{checked.hardware.gpu_count} GPU(s)" if checked.hardware.gpu_count else "no GPU"
-    assumed = " (assumed)" if checked.hardware.assumed else ""
-    kind = "gpu" if checked.hardware.gpu_count else "cpu"
-    backends = {side: scenario.backend_of(side) for side in SIDES}
-    backend = (
-        f"GDN prefill backend {backends['reference']} on both sides"
-        if len(set(backends.values())) == 1
-        else ", ".join(f"{side} GDN prefill backend {b}" for side, b in backends.items())
-    )
-    lines = [
-        f"plan: {scenario.name}",
-        f"model: {model.name}{preset} ({checked.model.source}{size}); {backend}",
-        f"machine: {gpus}{assumed}; placement: {plan.placement.describe()}",
-        "phases: " + " then ".join("[" + ", ".join(phase) + "]" for phase in plan.phases),
-        *(
-            f"{side} install ({install.kind}): {install.facts.describe()}"
-            for side, install in checked.installs.items()
-            if install.kind != "attached"
-        ),
-    ]
-    for label, server in plan.servers.items():
-        lines.append(f"{label} ({server.devices}):")
-        if server.url:
-            lines.append(f"  attach to {server.url}")
-            continue
-        lines.append("  argv: " + shlex.join(server.argv))
-        env = " ".join(f"{k}={v}" for k, v in sorted(server.redacted_env().items()))
-        lines.append(f"  env: {env}")
-    total = request_count(scenario, prompt_count)
-    lines += [
-        f"levels: C={workload.concurrency}, {workload.requests_per_level or prompt_count} "
-        f"requests per level per side, {workload.repeats} repeat(s), {total} requests per side"
-        + (f", sharded over {plan.replicas} pairs" if plan.replicas > 1 else ""),
-        f"timing: {plan.load_schedule(workload).describe()}"
-        + (
-            f"; blocks added until every headline interval is within "
-            f"±{workload.speed_resolution_pct:g} % or {workload.speed_budget_s:g} s of load "
-            f"(the first {workload.repeats} fix the spread)"
-            if workload.speed_resolution_pct is not None
-            else ""
-        ),
-        f"expected duration: at least {expected_duration_s(checked, prompt_count) / 60:.0f} min "
-        f"(assumes {STARTUP_S[kind]:.0f} s per server start and "
-        f"{SECONDS_PER_TOKEN[kind] * 1000:.0f} ms per token, {workload.max_tokens} tokens)",
-        *checked.notes,
-    ]
-    return "\n".join(lines)
+    return Preflight(scenario, hardware, model, plan, installs, notes, tp)

@@ -13,7 +13,7 @@ performance gate fails the run without changing the word.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kernels.backends import CPU_NATIVE, reference_kernel_name
 from kernels.proof import InitialStateCounts
@@ -22,7 +22,8 @@ from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.pathologies import pathologies_gate
-from rig.verdict.perf_records import CLIENT_METRICS, LevelComparison, PerfResult
+from rig.verdict.perf_records import FASTER, HEADLINE_METRICS, NOISE, SLOWER, PerfResult
+from rig.verdict.speed import SpeedDesign, apply_design
 from rig.verdict.words import Gate, GateKind, VerdictWord
 
 
@@ -190,7 +191,6 @@ def decide(
     requested_kernel: str | None,
     is_aa: bool,
     log_faults: int = 0,
-    perf: PerfResult | None = None,
     aa_pairs: list[PairResult] | None = None,
     aa_drift: list[DriftResult] | None = None,
     reference_backend: str | None = None,
@@ -201,7 +201,9 @@ def decide(
     """The gates and the word. `requested_kernel`: what the candidate must have run (a kernel's
     name, or vllm-<backend> for an in-tree backend); `proof_not_asked`: why no kernel proof is
     asked for, rig.run.conclude.proof_not_asked's one reading of the scenario (None: asked);
-    `prefix_gate`: a conversation workload's (rig.verdict.prefix_hits), in place of "no hit"."""
+    `prefix_gate`: a conversation workload's (rig.verdict.prefix_hits), in place of "no hit".
+    The performance gate comes after (`with_gate`): it needs the speed design, which needs
+    the word."""
     counts = count(pairs, drift, prefix_cache_hits)
     aa_counts = count(aa_pairs, aa_drift or []) if aa_pairs is not None else None
     g = gates_config
@@ -266,8 +268,6 @@ def decide(
     if reference_backend is not None and kernels:
         gates.append(_reference_backend_gate(kernels, reference_backend, is_aa))
     gates += extra_gates
-    if g.max_perf_regression_pct is not None and perf is not None and perf.levels:
-        gates.append(_performance_gate(perf.candidate, g.max_perf_regression_pct))
     passed = all(gate.passed for gate in gates)
     word = verdict_word(gates, counts, aa_counts)
     notes = (f"No kernel proof was asked for ({proof_not_asked}).",) if proof_not_asked else ()
@@ -293,26 +293,49 @@ def _unclassified_gate(unclassified: int) -> Gate:
     return Gate("unclassified divergences", not unclassified, detail, GateKind.UNCLASSIFIED)
 
 
-def _performance_gate(levels: tuple[LevelComparison, ...], allowed_pct: float) -> Gate:
-    """Fails only where a metric's whole 95% interval is slower than the allowed regression:
-    a point estimate inside the noise never fails a run."""
-    worst = max(
-        (
-            (compared.least_slowdown_pct, compared.level, compared.metric)
-            for level in levels
-            for compared in level.metrics
-            if compared.metric in CLIENT_METRICS and compared.interval is not None
-        ),
-        default=None,
-    )
-    if worst is None:
-        return Gate("performance", True, "no interval to judge", GateKind.PERFORMANCE)
-    slowdown, level, metric = worst
+def with_gate(verdict: Verdict, gate: Gate) -> Verdict:
+    """The verdict with one more gate, judged after the word was known (the performance gate,
+    whose kind never changes the word)."""
+    gates = (*verdict.gates, gate)
+    word = verdict_word(list(gates), verdict.counts, verdict.aa_counts)
+    return replace(verdict, word=word, passed=verdict.passed and gate.passed, gates=gates)
+
+
+def performance_gate(
+    perf: PerfResult, design: SpeedDesign, allowed_pct: float, levels: int
+) -> Gate:
+    """`gates.max_perf_regression_pct` on what the speed line words and nothing else: no
+    judgement where the design gives no word (a golden-cache reference, one block, an
+    interrupted run, outputs that differ) or in an A/A run (a change there is no kernel's);
+    else the headline metrics worded faster, slower or within noise at a level, failing only
+    where a whole interval, at the family-wise level of `levels` levels, is more than the
+    allowed regression slower: a point estimate inside the noise never fails a run."""
+    if not design.measured:
+        return Gate(
+            "performance", True, f"nothing judged: speed {design.reason}", GateKind.PERFORMANCE
+        )
+    if design.aa_run:
+        why = "nothing judged: an A/A run, whose changes are no kernel's (A/A asymmetry)"
+        return Gate("performance", True, why, GateKind.PERFORMANCE)
+    worded = [
+        compared
+        for level in apply_design(perf, design).candidate
+        for compared in level.metrics
+        if compared.metric in HEADLINE_METRICS
+        and compared.word in (FASTER, SLOWER, NOISE)
+        and compared.interval is not None
+    ]
+    family = design.describe(levels)
+    if not worded:
+        why = f"nothing judged: no headline metric has a speed word at any level ({family})"
+        return Gate("performance", True, why, GateKind.PERFORMANCE)
+    worst = max(worded, key=lambda compared: compared.least_slowdown_pct)
+    slowdown = worst.least_slowdown_pct
     return Gate(
         "performance",
         not slowdown > allowed_pct,
-        f"worst: {metric} at C={level}, slowdown at the 95% CI's better bound "
-        f"{slowdown:+.2f}% (fails above {allowed_pct}%)",
+        f"worst: {worst.metric} at C={worst.level}, {slowdown:+.2f}% slower at its interval's "
+        f"better bound (fails above {allowed_pct:g}%; {family})",
         GateKind.PERFORMANCE,
     )
 

@@ -133,16 +133,22 @@ def test_another_install_is_not_an_aa_run():
     assert not is_aa_run(scenario(candidate={"gdn_prefill_backend": "flashinfer"}))
 
 
-def timed_blocks(make_record, candidate_text: str = "same", repeats: int = 3) -> RunState:
-    """Both sides, `repeats` blocks of 4 requests at C=1; the candidate answers candidate_text."""
+def timed_blocks(
+    make_record, candidate_text: str = "same", repeats: int = 3, slower: float = 1.0
+) -> RunState:
+    """Both sides, `repeats` blocks of 4 requests at C=1; the candidate answers candidate_text,
+    its times `slower` times the reference's (and 1 % more each block, so that the blocks'
+    ratios spread)."""
     state = RunState()
     for repeat in range(repeats):
         for index in range(4):
             for side, text in (("reference", "same"), ("candidate", candidate_text)):
+                f = slower * (1 + 0.01 * repeat) if side == "candidate" else 1.0
                 state.records.append(
                     make_record(side, f"c1-r{repeat}-{index:04d}", text, index=index,
-                                repeat=repeat, sent_at=100.0 * repeat + index, ttft_s=0.05,
-                                itl_s=[0.01], e2el_s=0.06, output_tokens=2, prompt_tokens=9)
+                                repeat=repeat, sent_at=100.0 * repeat + index, ttft_s=0.05 * f,
+                                itl_s=[0.01 * f], e2el_s=0.06 * f, output_tokens=2,
+                                prompt_tokens=9)
                 )  # fmt: skip
     return state
 
@@ -178,3 +184,53 @@ def test_a_candidate_that_is_not_equivalent_gets_no_speed_word(tmp_path, make_re
     passing = build_outcome(ctx, timed_blocks(make_record), KERNELS, None)
     assert passing.verdict.word == "identical" and passing.speed.measured
     assert passing.load_schedule == "sides timed together: each side on its own hardware"
+
+
+ONE_LEVEL = {"prompts": [{"long_tokens": [100]}], "concurrency": [1], "repeats": 3}
+BOUND = {"max_perf_regression_pct": 5}
+
+
+def performance(outcome):
+    return next(g for g in outcome.verdict.gates if g.name == "performance")
+
+
+def test_a_measured_slowdown_beyond_the_bound_fails_the_run(tmp_path, make_record):
+    """Both sides measured here, three blocks: a 50 % slower candidate fails the performance
+    gate (exit 1, the word unchanged), which names the metric, the level and the confidence
+    its intervals have (one level: each at 98.75 %)."""
+    ctx = run_context(tmp_path, candidate={"kernel": "ns4"}, drift={"enabled": False},
+                      workload=ONE_LEVEL, gates=BOUND)  # fmt: skip
+    outcome = build_outcome(ctx, timed_blocks(make_record, slower=1.5), KERNELS, None)
+    assert outcome.speed.measured and outcome.verdict.word == "identical"
+    gate = performance(outcome)
+    assert not gate.passed and outcome.verdict.exit_code() == 1
+    assert gate.detail.startswith("worst: ")
+    assert " at C=1, +" in gate.detail and "% slower at its interval's better bound" in gate.detail
+    assert "each interval at 98.75%" in gate.detail and "95% CI" not in gate.detail
+
+
+def test_a_golden_cache_reference_cannot_fail_on_speed(tmp_path, make_record):
+    """The same slowdown against a reference from the golden cache: the speed line says "not
+    comparable", and so does the gate, which passes."""
+    ctx = run_context(tmp_path, candidate={"kernel": "ns4"}, drift={"enabled": False},
+                      workload=ONE_LEVEL, gates=BOUND)  # fmt: skip
+    cached = GoldenEntry("first", [], [], {}, KERNELS["reference"], {}, "2026-12-01T00:00Z")
+    state = timed_blocks(make_record, slower=1.5)
+    outcome = build_outcome(ctx, state, KERNELS, None, golden=cached, golden_key="k")
+    assert not outcome.speed.measured
+    gate = performance(outcome)
+    assert gate.passed and outcome.verdict.passed and outcome.verdict.exit_code() == 0
+    assert gate.detail.startswith(
+        "nothing judged: speed not comparable (reference from the golden cache: run first"
+    )
+
+
+def test_an_aa_run_cannot_fail_on_speed(tmp_path, make_record):
+    """Reference against reference: a change is an A/A asymmetry, never slower."""
+    ctx = run_context(tmp_path, drift={"enabled": False}, workload=ONE_LEVEL, gates=BOUND)
+    same = {side: SideKernel(side, "vllm-cpu-native", 12) for side in ("reference", "candidate")}
+    outcome = build_outcome(ctx, timed_blocks(make_record, slower=1.5), same, None)
+    assert outcome.speed.measured and outcome.speed.aa_run
+    gate = performance(outcome)
+    assert gate.passed and outcome.verdict.passed
+    assert "A/A run" in gate.detail

@@ -5,9 +5,10 @@ import pytest
 import rig.run.phases
 from kernels.proof import KernelProof
 from rig.load.server_metrics import MetricsUnreadable
-from rig.run.phases import PhaseSteps, Round, phase_rounds, read_proofs, run_phases
+from rig.run.phases import PhaseSteps, read_proofs, run_phases
 from rig.run.state import RunState
 from rig.serve.hardware import Hardware
+from rig.serve.placement import Round, phase_rounds
 from rig.serve.servers import Server
 from tests.run_fakes import FakeServer, run_context
 

@@ -3,6 +3,8 @@ each stage has its own tests/run/test_<stage>.py)."""
 
 import pytest
 
+import rig.serve.installs as installs_module
+from rig import PROJECT_ROOT
 from rig.load.replay_records import ForcedSequence
 from rig.records import REQUESTS_FILE, ExitCode
 from rig.run.cache import GoldenCache
@@ -10,6 +12,7 @@ from rig.run.golden import lookup_golden, store_golden
 from rig.run.pipeline import Runner, _check_resumable, main
 from rig.run.state import RunState
 from rig.scenario.config import ScenarioError
+from rig.serve.installs import InstallFacts
 from rig.verdict.gates import SideKernel
 from tests.run_fakes import open_journal, run_context, scenario
 
@@ -86,3 +89,42 @@ def test_bad_options_are_one_error_line_and_exit_2(tmp_path, capsys):
     assert main([str(path), "--resume"]) == ExitCode.ERROR
     assert "--resume needs --run-id" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [path]  # nothing written
+
+
+@pytest.fixture
+def own_vllm(monkeypatch):
+    """The rig's own install as its probe would find it, without probing."""
+    found = InstallFacts(python="/venv/bin/python", vllm="0.32.0+cpu", plugin="installed")
+    monkeypatch.setattr(installs_module, "own_facts", lambda: found)
+
+
+LOWCONC = str(PROJECT_ROOT / "scenarios" / "lowconc.yaml")
+PLAN_397B = [LOWCONC, "--set", "model=Qwen3.5-397B", "--plan", "--assume-gpus", "8"]
+
+
+def test_plan_sizes_the_preset_to_the_assumed_gpus(own_vllm, capsys):
+    assert main([*PLAN_397B, "--assume-gpu-gib", "140"]) == ExitCode.PASS
+    out = capsys.readouterr().out
+    assert "tensor parallel: TP4 per server (sized:" in out
+    assert "placement: simultaneous (8 GPUs make 2 groups of TP4, one per server" in out
+    assert main([*PLAN_397B, "--assume-gpu-gib", "80"]) == ExitCode.PASS
+    out = capsys.readouterr().out
+    assert "TP8 per server" in out and "phases: [reference] then [candidate]" in out
+
+
+def test_plan_refuses_what_fits_no_size_in_one_line(own_vllm, capsys):
+    assert main([*PLAN_397B, "--assume-gpu-gib", "24"]) == ExitCode.ERROR
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith("rig: error: Qwen/Qwen3.5-397B-A17B-FP8 (preset ")
+    assert "fit no tensor-parallel size on 8 GPU(s) of 24 GiB" in captured.err
+
+
+def test_assumed_gpu_memory_needs_assumed_gpus(capsys):
+    assert main([LOWCONC, "--plan", "--assume-gpu-gib", "80"]) == ExitCode.ERROR
+    assert capsys.readouterr().err == (
+        "rig: error: --assume-gpu-gib is each assumed GPU's memory: use it with --assume-gpus\n"
+    )
+    assert main([*PLAN_397B, "--assume-gpu-gib", "0"]) == ExitCode.ERROR
+    assert "--assume-gpu-gib must be more than 0" in capsys.readouterr().err

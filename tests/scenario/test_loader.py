@@ -1,6 +1,8 @@
 """Reading a scenario file: YAML and file errors in one line, prompt paths resolved, `--set`
 overrides, and the model's preset underneath the file."""
 
+import json
+
 import pytest
 
 from rig import PROJECT_ROOT
@@ -163,7 +165,7 @@ def test_a_preset_name_resolves_to_the_hub_id_and_the_seeds_serving_setup(tmp_pa
     model = scenario.model
     assert model.name == "Qwen/Qwen3.5-397B-A17B-FP8"
     assert model.preset == "qwen3.5-397b-fp8"
-    assert model.tensor_parallel_size == 2
+    assert model.tensor_parallel_size is None  # the plan sizes it to the GPUs
     assert (model.max_num_batched_tokens, model.max_num_seqs) == (10240, 220)
     assert model.api_concurrency_limit == 256
     assert not any("speculative" in arg for arg in model.serve_args)  # MTP off
@@ -174,7 +176,7 @@ def test_set_beats_the_scenario_file_which_beats_the_preset(tmp_path):
     data = {**MINIMAL, "model": {"name": "Qwen3.5-397B", "max_num_seqs": 64}}
     path = write(tmp_path, data)
     scenario = load_scenario(path)
-    assert scenario.model.max_num_seqs == 64 and scenario.model.tensor_parallel_size == 2
+    assert scenario.model.max_num_seqs == 64 and scenario.model.tensor_parallel_size is None
     scenario = load_scenario(path, ["model.tensor_parallel_size=4", "model.max_num_seqs=8"])
     assert (scenario.model.tensor_parallel_size, scenario.model.max_num_seqs) == (4, 8)
     # --set model=X names the model and keeps the other model keys of the file
@@ -188,4 +190,63 @@ def test_set_beats_the_scenario_file_which_beats_the_preset(tmp_path):
 def test_a_model_without_preset_is_taken_as_written(tmp_path):
     scenario = load_scenario(write(tmp_path, MINIMAL), ["model=org/other-model"])
     assert scenario.model.name == "org/other-model" and scenario.model.preset is None
-    assert scenario.model.tensor_parallel_size == 1
+    assert scenario.model.tensor_parallel_size is None
+
+
+QWEN35_FP8 = {  # the layout of Qwen3.5-397B-A17B-FP8's config.json: a multimodal wrapper
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "model_type": "qwen3_5_moe",
+    "text_config": {"hidden_size": 4096, "num_hidden_layers": 60, "num_experts": 512},
+    "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    "vision_config": {"hidden_size": 1152, "depth": 27},
+}
+QWEN3_NEXT = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_experts": 512,
+}
+
+
+def refusal(path, overrides) -> str:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path, overrides)
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+def checkpoint(tmp_path, config: dict, name: str = "weights"):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_local_checkpoint_gets_the_preset_its_config_matches(tmp_path):
+    """By architecture, sizes and quantization: the folder's name says nothing, and the file
+    keeps its own name and the rest of the file's keys."""
+    folder = checkpoint(tmp_path, QWEN35_FP8, "x")
+    scenario = load_scenario(write(tmp_path, MINIMAL), [f"model={folder}"])
+    assert (scenario.model.name, scenario.model.preset) == (str(folder), "qwen3.5-397b-fp8")
+    assert scenario.model.max_num_seqs == 220
+    assert scenario.workload.chat_template_kwargs == {"enable_thinking": False}
+    bf16 = checkpoint(tmp_path, {**QWEN35_FP8, "quantization_config": None}, "bf16")
+    assert load_scenario(write(tmp_path, MINIMAL), [f"model={bf16}"]).model.preset is None
+    smaller = {**QWEN35_FP8, "text_config": {**QWEN35_FP8["text_config"], "num_experts": 256}}
+    other = checkpoint(tmp_path, smaller, "other")
+    assert load_scenario(write(tmp_path, MINIMAL), [f"model={other}"]).model.preset is None
+
+
+def test_a_config_two_presets_share_is_refused_until_one_is_named(tmp_path):
+    """Qwen3-Next's Instruct and Thinking checkpoints have one config: the user names one."""
+    folder = checkpoint(tmp_path, QWEN3_NEXT)
+    path = write(tmp_path, MINIMAL)
+    message = refusal(path, [f"model={folder}"])
+    assert "matches presets qwen3-next-80b-instruct, qwen3-next-80b-thinking alike" in message
+    assert "--set model.preset=KEY" in message
+    picked = load_scenario(path, [f"model={folder}", "model.preset=qwen3-next-80b-thinking"])
+    assert (picked.model.name, picked.model.preset) == (str(folder), "qwen3-next-80b-thinking")
+    assert picked.workload.chat_template_kwargs == {"enable_thinking": False}
+    wrong = refusal(path, [f"model={folder}", "model.preset=qwen3.5-397b-fp8"])
+    assert "is another model (Qwen3NextForCausalLM, hidden 2048, 48 layers" in wrong
+    assert "no such preset" in refusal(path, [f"model={folder}", "model.preset=nope"])

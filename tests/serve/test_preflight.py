@@ -10,13 +10,13 @@ import rig.serve.installs as installs_module
 from rig.scenario.config import Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.installs import InstallFacts
+from rig.serve.plan_text import render_plan
 from rig.serve.preflight import (
     PreflightError,
     checkpoint_bytes,
     locate_model,
     model_copies,
     preflight,
-    render_plan,
 )
 
 GIB = 2**30
@@ -119,13 +119,28 @@ def test_assumed_gpus_plan_replica_pairs_or_stop_on_too_few(tmp_path):
 
 
 def test_weights_larger_than_free_memory_are_refused(local_model, tmp_path):
+    """150 GiB on GPUs with 100 GiB free: TP1 as set is refused, the size that fits named;
+    unset, the plan takes TP2 and runs the sides in turn on two GPUs."""
     index = {"metadata": {"total_size": 150 * GIB}}
     (local_model / "model.safetensors.index.json").write_text(json.dumps(index))
-    big = scenario({"name": str(local_model)})
-    with pytest.raises(PreflightError, match="GPU 0 has 100 GiB free"):
-        preflight(big, tmp_path, gpus(2, free_gib=100))
+    tp1 = scenario({"name": str(local_model), "tensor_parallel_size": 1})
+    with pytest.raises(PreflightError, match=r"tensor_parallel_size=1 does not fit .*\(TP2 fits\)"):
+        preflight(tp1, tmp_path, gpus(2, free_gib=100))
+    sized = preflight(scenario({"name": str(local_model)}), tmp_path, gpus(2, free_gib=100))
+    assert sized.scenario.model.tensor_parallel_size == 2
+    assert sized.plan.phases == (("reference",), ("candidate",))
     tp2 = scenario({"name": str(local_model), "tensor_parallel_size": 2})
     assert preflight(tp2, tmp_path, gpus(4, free_gib=100)).plan.simultaneous
+
+
+def test_servers_in_turn_on_the_same_gpus_are_not_counted_as_sharing_them(local_model, tmp_path):
+    """60 GiB of weights on one GPU of 80: the sides run in turn there, each with the GPU to
+    itself, so the memory check counts one server, not two."""
+    index = {"metadata": {"total_size": 60 * GIB}}
+    (local_model / "model.safetensors.index.json").write_text(json.dumps(index))
+    one = scenario({"name": str(local_model), "tensor_parallel_size": 1})
+    checked = preflight(one, tmp_path, gpus(1, free_gib=80))
+    assert checked.plan.placement.mode == "sequential"
 
 
 def test_one_gpu_is_shared_only_when_the_model_fits_twice(local_model, tmp_path):

@@ -17,7 +17,8 @@ from rig.scenario.config import Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.placement import ClusterNode, PlacementError, place_on_nodes
 from rig.serve.plan import free_port, plan_servers
-from rig.serve.preflight import PreflightError, preflight, render_plan
+from rig.serve.plan_text import render_plan
+from rig.serve.preflight import PreflightError, preflight
 from rig.serve.ray_cluster import RAY_MISSING, ClusterUnavailable, connect
 from rig.serve.ray_pairs import LOST, WATCHDOG, RayServer, RecordSink
 from tests.serve.test_preflight import own_install

@@ -7,8 +7,19 @@ from rig.records import ExitCode
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import Divergence, PairResult, Pathology
 from rig.verdict.drift import DriftResult
-from rig.verdict.gates import Gate, GateKind, SideKernel, VerdictWord, count, decide, verdict_word
-from rig.verdict.perf_records import Comparison, Metric, PerfResult
+from rig.verdict.gates import (
+    Gate,
+    GateKind,
+    SideKernel,
+    VerdictWord,
+    count,
+    decide,
+    performance_gate,
+    verdict_word,
+    with_gate,
+)
+from rig.verdict.perf_records import NOISE, SLOWER, UNEQUAL, Comparison, Metric, PerfResult
+from rig.verdict.speed import SpeedDesign, speed_design
 from tests.perf_builders import changed, perf_level
 
 KERNELS = {
@@ -348,28 +359,76 @@ def test_no_floor_gate_without_its_factor_or_without_a_floor():
     assert FLOOR_GATE not in gate_names(no_floor)
 
 
-def changes(level: int, points: dict, comparison=Comparison.CANDIDATE):
-    """A level whose metrics changed by (point, low, high) percent."""
-    metrics = [changed(level, m, point, (low, high)) for m, (point, low, high) in points.items()]
+def changes(level: int, points: dict, comparison=Comparison.CANDIDATE, word: str = NOISE):
+    """A level whose metrics changed by (point, low, high) percent, each with `word`."""
+    metrics = [
+        changed(level, m, point, (low, high), word) for m, (point, low, high) in points.items()
+    ]
     return perf_level(level, *metrics, comparison=comparison)
+
+
+MEASURED = SpeedDesign(True)
+GATE = "performance"
 
 
 def test_performance_gate_compares_the_interval_not_the_point():
     """C=4's TTFT is 8% slower at the point but its interval reaches +3%: only a bound past
-    the allowed regression fails. Throughput is oriented the other way."""
+    the allowed regression fails. Throughput is oriented the other way; output throughput is
+    no headline metric, so its -30% is not judged."""
     deltas = PerfResult(
         (
-            changes(1, {Metric.MEAN_TTFT: (1, -1, 2), Metric.OUTPUT_THROUGHPUT: (0, -1, 1)}),
-            changes(4, {Metric.MEAN_TTFT: (8, 3, 13), Metric.OUTPUT_THROUGHPUT: (-9, -12, -6)}),
+            changes(1, {Metric.MEAN_TTFT: (1, -1, 2), Metric.TOTAL_TOKEN_THROUGHPUT: (0, -1, 1)}),
+            changes(
+                4,
+                {
+                    Metric.MEAN_TTFT: (8, 3, 13),
+                    Metric.TOTAL_TOKEN_THROUGHPUT: (-9, -12, -6),
+                    Metric.OUTPUT_THROUGHPUT: (-30, -35, -25),
+                },
+            ),
         )
     )
-    failing = verdict(identical(1), perf=deltas, gates=GatesConfig(max_perf_regression_pct=5))
-    assert not gate(failing, "performance").passed
-    assert "output_throughput at C=4" in gate(failing, "performance").detail
-    assert "+6.00%" in gate(failing, "performance").detail
-    passing = verdict(identical(1), perf=deltas, gates=GatesConfig(max_perf_regression_pct=7))
-    assert gate(passing, "performance").passed  # the point (+8%, -9%) alone would fail
-    assert "performance" not in gate_names(verdict(identical(1), perf=deltas))
+    failing = performance_gate(deltas, MEASURED, 5, levels=2)
+    assert not failing.passed and failing.kind is GateKind.PERFORMANCE
+    assert failing.detail == (
+        "worst: total_token_throughput at C=4, +6.00% slower at its interval's better bound "
+        "(fails above 5%; family-wise 95% over 4 metrics x 2 level(s), each interval at 99.38%)"
+    )
+    assert performance_gate(deltas, MEASURED, 7, levels=2).passed  # the point alone would fail
+    assert GATE not in gate_names(verdict(identical(1)))  # decide() never adds it
+
+
+def test_performance_gate_judges_nothing_the_speed_line_gives_no_word():
+    """A golden-cache reference (or one block, an interrupted run, outputs that differ) gives
+    no speed word, and an A/A run's changes are no kernel's: a 50% slowdown passes, and the
+    detail says why nothing was judged."""
+    slow = PerfResult((changes(1, {Metric.MEAN_TTFT: (50, 40, 60)}, word=SLOWER),))
+    golden = speed_design(3, "first", "2026-12-01T00:00:00Z")
+    cached = performance_gate(slow, golden, 5, levels=1)
+    assert cached.passed
+    assert cached.detail.startswith(
+        "nothing judged: speed not comparable (reference from the golden cache: run first"
+    )
+    one_block = performance_gate(slow, speed_design(1, None), 5, levels=1)
+    assert one_block.passed and "not measured (single run" in one_block.detail
+    aa = performance_gate(slow, speed_design(3, None, aa_run=True), 5, levels=1)
+    assert aa.passed and "A/A run" in aa.detail
+    assert not performance_gate(slow, speed_design(3, None), 5, levels=1).passed
+
+
+def test_performance_gate_skips_a_level_whose_work_differs():
+    unequal = PerfResult((changes(1, {Metric.MEAN_TTFT: (50, 40, 60)}, word=UNEQUAL),))
+    gate_ = performance_gate(unequal, MEASURED, 5, levels=1)
+    assert gate_.passed and gate_.detail.startswith("nothing judged: no headline metric")
+    assert "each interval at 98.75%" in gate_.detail
+
+
+def test_a_gate_added_after_the_word_keeps_the_word_and_fails_the_run():
+    passed = verdict(identical(2))
+    slower = with_gate(passed, Gate(GATE, False, "slower", GateKind.PERFORMANCE))
+    assert (slower.word, slower.passed) == ("identical", False)
+    assert slower.exit_code() == ExitCode.FAILED
+    assert with_gate(passed, Gate(GATE, True, "ok", GateKind.PERFORMANCE)).passed
 
 
 def test_count_sums_what_the_gates_need():
@@ -459,8 +518,7 @@ def test_performance_gate_reads_only_the_candidate_rows():
             changes(4, {Metric.MEAN_TTFT: (50.0, 40.0, 60.0)}, Comparison.AA),
         )
     )
-    result = verdict(identical(1), perf=deltas, gates=GatesConfig(max_perf_regression_pct=5))
-    assert gate(result, "performance").passed
+    assert performance_gate(deltas, MEASURED, 5, levels=1).passed
 
 
 def test_one_kernel_name_from_two_sources_is_a_candidate_of_its_own():
