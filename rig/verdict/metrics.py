@@ -20,6 +20,8 @@ from rig.records import RequestRecord, duration_s
 from rig.verdict.compare import PairResult
 
 PERCENTILES = (90, 99)
+# `vllm bench serve --backend` for each endpoint the rig sends to
+BENCH_BACKENDS = {"completions": "openai", "chat": "openai-chat"}
 
 
 def request_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
@@ -126,10 +128,23 @@ def bench_results(
 ) -> dict[str, dict]:
     """Per side and level (and repeat, when there are several), a result in the layout of
     `vllm bench serve --save-result`: file name -> JSON object. Scripts written for vLLM's
-    result files read these; warm-up requests are not in them."""
+    result files read these; warm-up requests are not in them.
+
+    What differs from the file `vllm bench serve --save-result` writes (vLLM 0.26-0.33):
+    `backend` and `endpoint_type` name the endpoint as its `--backend` does (`openai` for
+    completions, `openai-chat` for chat); `date` is the UTC time of the block's first request,
+    not the local time the benchmark ended; `label` is the side (`reference`, `candidate`), not
+    the backend; `model_id` is the scenario's model name, `tokenizer_id` the served model's
+    path; the per-request lists (`input_lens`, `output_lens`, `ttfts`, `itls`, `latencies`,
+    `generated_texts`, `errors`) are always there, as with `--save-detailed`; mean, median,
+    std, p90 and p99 are given for ttft, tpot, itl and e2el alike (vLLM's defaults: ttft, tpot,
+    itl at p99); and `start_times`, `queue_times`, `request_goodput`,
+    `max_output_tokens_per_s`, `max_concurrent_requests` and `rtfx` are not written. Under
+    `workload.arrival: waves`, TTFT and E2EL count from a wave's release."""
     if summary.empty:
         return {}
     workload = manifest.scenario.workload
+    backend = BENCH_BACKENDS[workload.endpoint]
     many = int(summary["repeat"].max()) > 0
     results = {}
     for row in summary.to_dict("records"):
@@ -152,7 +167,8 @@ def bench_results(
             "date": time.strftime("%Y%m%d-%H%M%S", time.gmtime(chosen[0].sent_at))
             if chosen
             else None,
-            "backend": "openai-chat",
+            "endpoint_type": backend,
+            "backend": backend,
             "label": side,
             "model_id": manifest.scenario.model.name or manifest.model_path,
             "tokenizer_id": manifest.model_path,

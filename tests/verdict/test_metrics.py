@@ -150,6 +150,7 @@ def test_match_counts_are_merged_per_level_and_repeat(make_record):
 # benchmarks/serve.py writes these; its percentile metrics default to ttft, tpot, itl).
 VLLM_RESULT_KEYS = {
     "date",
+    "endpoint_type",
     "backend",
     "model_id",
     "num_prompts",
@@ -203,3 +204,17 @@ def test_bench_results_are_per_repeat_with_repeats(level_records, make_record):
     records = level_records + again
     names = bench_results(records, summary_frame(records), unit_manifest())
     assert sorted(names) == ["reference-c1-r0.json", "reference-c1-r1.json"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "backend"), [("completions", "openai"), ("chat", "openai-chat")]
+)
+def test_bench_results_name_the_endpoint_as_vllm_bench_serve_does(level_records, endpoint, backend):
+    """`vllm bench serve --backend openai` sends to /v1/completions, `openai-chat` to
+    /v1/chat/completions; its result file names the backend in `backend` and `endpoint_type`."""
+    manifest = unit_manifest()
+    workload = manifest.scenario.workload.model_copy(update={"endpoint": endpoint})
+    scenario = manifest.scenario.model_copy(update={"workload": workload})
+    manifest = dataclasses.replace(manifest, scenario=scenario)
+    (result,) = bench_results(level_records, summary_frame(level_records), manifest).values()
+    assert (result["backend"], result["endpoint_type"]) == (backend, backend)
