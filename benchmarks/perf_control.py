@@ -159,38 +159,34 @@ def reference_ttft_per_call_ms(run: ControlRun) -> tuple[float, float] | None:
     return ttft_ms, calls / len(records)
 
 
-def planted_delay_ms(args: argparse.Namespace, runs: dict[str, ControlRun]) -> float:
-    """--delay-ms, or --planted-pct of the A/A run's reference TTFT over its calls per request."""
-    if args.planted_pct is None:
-        return args.delay_ms
+def sized_per_call_ms(pct: float, runs: dict[str, ControlRun], option: str) -> float:
+    """The per-call time that adds `pct` % to the A/A run's reference TTFT at C=1, over its GDN
+    prefill calls per request (ms)."""
     measured = reference_ttft_per_call_ms(runs["aa"]) if "aa" in runs else None
     if measured is None:
-        raise SystemExit("perf-control: --planted-pct needs a finished A/A run at C=1 before it")
+        raise SystemExit(f"perf-control: {option} needs a finished A/A run at C=1 before it")
     ttft_ms, calls = measured
-    delay = round(args.planted_pct / 100 * ttft_ms / calls, 2)
+    per_call = pct / 100 * ttft_ms / calls
     print(
-        f"perf-control: planted {args.planted_pct:g} % of the reference's {ttft_ms:.1f} ms TTFT "
-        f"over {calls:.2f} GDN prefill calls per request: {delay:g} ms per call",
+        f"perf-control: {option} {pct:g}: {pct:g} % of the reference's {ttft_ms:.1f} ms TTFT "
+        f"over {calls:.2f} GDN prefill calls per request: {per_call:.3f} ms per call",
         flush=True,
     )
-    return delay
+    return per_call
+
+
+def planted_delay_ms(args: argparse.Namespace, runs: dict[str, ControlRun]) -> float:
+    """--delay-ms, or the host delay --planted-pct sizes from the A/A run."""
+    if args.planted_pct is None:
+        return args.delay_ms
+    return round(sized_per_call_ms(args.planted_pct, runs, "--planted-pct"), 2)
 
 
 def gpu_delay_us(args: argparse.Namespace, runs: dict[str, ControlRun]) -> float:
-    """--gpu-delay-us, or --gpu-delay-pct of the A/A run's reference TTFT over its calls."""
+    """--gpu-delay-us, or the spin --gpu-delay-pct sizes from the A/A run."""
     if args.gpu_delay_pct is None:
         return args.gpu_delay_us
-    measured = reference_ttft_per_call_ms(runs["aa"]) if "aa" in runs else None
-    if measured is None:
-        raise SystemExit("perf-control: --gpu-delay-pct needs a finished A/A run at C=1 before it")
-    ttft_ms, calls = measured
-    delay = round(args.gpu_delay_pct / 100 * ttft_ms / calls * 1000)
-    print(
-        f"perf-control: gpu-delay of {args.gpu_delay_pct:g} % of the reference's {ttft_ms:.1f} "
-        f"ms TTFT over {calls:.2f} GDN prefill calls per request: {delay:g} µs per call",
-        flush=True,
-    )
-    return delay
+    return round(1000 * sized_per_call_ms(args.gpu_delay_pct, runs, "--gpu-delay-pct"))
 
 
 def candidate_kernel(name: str, delay_ms: float, delay_us: float) -> str | None:

@@ -24,10 +24,9 @@ construction, not of a random MLP's noise. A random MLP of this size broke them:
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from rig.models.tiny_model import default_params, ensure_tiny_model
+from rig.models.tiny_model import default_params, ensure_tiny_model, variant_command
 
 QWEN35_CONTROL_CACHE_ROOT = Path(".cache/qwen35-control")
 QWEN35_CONTROL_PARAMS = {
@@ -55,16 +54,9 @@ def ensure_qwen35_control_model(cache_root: Path = QWEN35_CONTROL_CACHE_ROOT) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "cache_root",
-        nargs="?",
-        type=Path,
-        default=QWEN35_CONTROL_CACHE_ROOT,
-        help="cache folder; the model lands in a sub-folder named by the params hash "
-        f"(default {QWEN35_CONTROL_CACHE_ROOT})",
+    variant_command(
+        argv, __doc__.splitlines()[0], QWEN35_CONTROL_CACHE_ROOT, ensure_qwen35_control_model
     )
-    print(ensure_qwen35_control_model(parser.parse_args(argv).cache_root))
 
 
 if __name__ == "__main__":

