@@ -26,6 +26,7 @@ def restore_handlers():
 
 
 def test_sigterm_and_sighup_raise_keyboard_interrupt(restore_handlers):
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal starts it (not under nohup)
     interrupts_raise()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         with pytest.raises(KeyboardInterrupt):
@@ -65,3 +66,26 @@ def test_a_held_interrupt_the_process_ignored_stays_ignored(restore_handlers):
     with interrupts_held():
         os.kill(os.getpid(), signal.SIGHUP)
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+
+
+def test_sigint_inherited_ignored_is_taken_and_sighup_under_nohup_stays_ignored(restore_handlers):
+    """A script's background job starts with SIGINT ignored, `nohup` with SIGHUP ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    interrupts_raise()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_hold_waits_for_its_phase_only(restore_handlers, monkeypatch, capsys):
+    from rig.interrupts import HOLD_VARIABLE, hold_at
+
+    monkeypatch.setenv(HOLD_VARIABLE, "load")
+    hold_at("replay")  # another phase: no hold
+    assert capsys.readouterr().out == ""
+    hold_at("load", released=lambda: True)
+    assert "rig: holding at load until interrupted" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="unknown phase"):
+        hold_at("lunch")
