@@ -33,6 +33,10 @@ TWO_RUNS = (
 )
 OTHER_SIDES = "not comparable (a speed word compares one run's reference with its candidate)"
 NO_MANIFEST = "not measured (no manifest.json: the run's report was never written)"
+UNRECORDED = (
+    "not comparable (manifest.json does not record where the reference came from or how the "
+    "run was timed: written by an older rig)"
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ def stored_design(run_dir: Path) -> StoredDesign:
     if not path.is_file():
         return StoredDesign(SpeedDesign(False, NO_MANIFEST))
     manifest = json.loads(path.read_text(encoding="utf-8"))
+    if "golden_run" not in manifest:
+        return StoredDesign(SpeedDesign(False, UNRECORDED))
     scenario = Scenario.model_validate(manifest["scenario"])
     stage_one = manifest.get("stage_one_blocks")
     timing = TimingDesign(

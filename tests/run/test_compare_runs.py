@@ -202,6 +202,7 @@ def test_two_stored_runs_are_not_comparable_for_speed(make_record, tmp_path, cap
     ],
 )
 def test_one_run_keeps_its_speed_lines_refusals(make_record, tmp_path, capsys, manifest, reason):
+    """Each refusal of the run's own speed line, and a run whose report was never written."""
     run = one_run(make_record, tmp_path / "run", **(manifest or {}))
     if manifest is None:
         (run / MANIFEST_FILE).unlink()
@@ -209,6 +210,20 @@ def test_one_run_keeps_its_speed_lines_refusals(make_record, tmp_path, capsys, m
     head, c1, _ = speed_output(capsys)
     assert head.startswith(f"speed: {reason}")
     assert re.match(rf"  C1 \(3 block pairs\): TTFT {FIFTEEN},", c1) and "slower" not in c1
+
+
+def test_a_manifest_that_does_not_say_where_the_reference_came_from_gets_no_word(
+    make_record, tmp_path, capsys
+):
+    """An older rig's manifest.json: its reference may have come from the golden cache."""
+    run = one_run(make_record, tmp_path / "run")
+    stored = json.loads((run / MANIFEST_FILE).read_text())
+    del stored["golden_run"]
+    (run / MANIFEST_FILE).write_text(json.dumps(stored))
+    compare_main([str(run), str(run)])
+    head, c1, _ = speed_output(capsys)
+    assert head.startswith("speed: not comparable (manifest.json does not record where")
+    assert "slower" not in c1
 
 
 @pytest.mark.parametrize(
