@@ -74,6 +74,10 @@ class RunManifest:
     schedule: list[dict[str, Any]] = field(default_factory=list)  # each start of servers
     load_schedule: str = ""  # LoadSchedule.describe()
     excluded_blocks: list[list[int]] = field(default_factory=list)  # (level, repeat) left out
+    pair_levels: list[int] = field(default_factory=list)  # timed request pair by pair
+    stage_one_blocks: int | None = None  # a sequential design's first blocks (Stein)
+    golden_run: str | None = None  # the run the reference came from, via the golden cache
+    golden_stored_at: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """manifest.json's fields, the scenario in its JSON form."""

@@ -3,8 +3,10 @@
 # rig scenario on the pull request's tree, keep the report, and turn the rig's exit code into
 # the step's status. Copy it, set MODEL / SCENARIO / TP, call it from the CI's script step.
 #
-#   MODEL=Qwen/Qwen3.5-397B-A17B-FP8 TP=2 SCENARIO=scenarios/lowconc.yaml \
+#   MODEL=Qwen/Qwen3.5-397B-A17B-FP8 SCENARIO=scenarios/lowconc.yaml \
 #     RUN_ID=pr-123 bash docs/ci/generic-runner.sh
+#
+# TP=N sets the tensor-parallel size; without it the rig fits one to the GPUs' memory.
 #
 # Exit codes (the rig's own; README, "Everyday use"):
 #   0  every gate holds                          -> pass

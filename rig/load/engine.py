@@ -124,12 +124,20 @@ def check_jobs(jobs: list[SideJob], concurrency: int) -> None:
                 raise ValueError(f"{job.target.side}: {attribute} {duplicate!r} is not unique")
 
 
+# The level first, then what is left of it: a long level's bar says when it will end.
+BAR_FORMAT = (
+    "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} req [{elapsed} elapsed, ETA {remaining}]"
+)
+
+
 def progress_bar(total: int, concurrency: int, enabled: bool):
+    """A level's bar on the console, named by its concurrency, with the time it has left
+    (tqdm's estimate from the rate so far)."""
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=f"C={concurrency}", unit="req", leave=False)
+    return tqdm(total=total, desc=f"C={concurrency}", bar_format=BAR_FORMAT, leave=False)
 
 
 @dataclass(frozen=True)

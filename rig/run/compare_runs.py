@@ -1,6 +1,7 @@
 """`rig compare RUN_A RUN_B`: two stored runs compared request by request, without a server.
 Reads each run's requests.jsonl and replay.jsonl and hands them to rig.verdict.compare, which
-only computes; `rig bisect` finds the pair to bisect the same way."""
+only computes; `rig bisect` finds the pair to bisect the same way. Speed per level follows the
+text (rig/run/compare_speed.py), worded only for one run's own two sides."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from rig.load.replay_records import REPLAY_FILE, read_replay
 from rig.records import REQUESTS_FILE, ExitCode, RequestRecord, Side, read_records
+from rig.run.compare_speed import compared_design, speed_lines
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import PairResult, compare_pairs
 
@@ -39,8 +41,9 @@ def run_pairs(run_dir: Path, near_tie_margin: float, max_tokens: int | None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Compare stored runs without any server: side A of RUN_A against side B of RUN_B.
-    Exit 0 only when every pair is identical or a near-tie (a failed request proves nothing)."""
+    """Compare stored runs without any server: side A of RUN_A against side B of RUN_B, text
+    and speed. Exit 0 only when every pair is identical or a near-tie (a failed request proves
+    nothing); speed, as in a run, never changes the exit code."""
     parser = argparse.ArgumentParser(
         prog="python -m rig.run.compare_runs",
         description="Compare two stored rig runs, request by request.",
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             candidate[0].side: read_replay(args.run_b / REPLAY_FILE).get(args.side_b, {}),
         }
         pairs = compare_pairs(reference, candidate, args.near_tie_margin, replayed=replayed)
+        design = compared_design(args.run_a, args.run_b, args.side_a, args.side_b)
     except (OSError, ValueError) as exc:
         print(f"rig: error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
@@ -85,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         d = pair.divergence
         where = f"token {d.token_index} ({d.kind}, margin {d.reference_margin})" if d else "-"
         print(f"  {pair.request_id} {pair.prompt_id}: {where}")
+    print("\n".join(speed_lines(reference, candidate, design)))
     if substantive or unanswered:
         return ExitCode.FAILED
     return ExitCode.INVALID if unclassified else ExitCode.PASS

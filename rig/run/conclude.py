@@ -33,6 +33,7 @@ from rig.verdict.gates import (
     with_gate,
 )
 from rig.verdict.initial_state import chunked_prefill, initial_state_gate
+from rig.verdict.intervals import TimingDesign
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import perf_result
 from rig.verdict.planted import PlantedDelay
@@ -202,6 +203,29 @@ def failed_verdict(verdict: Verdict, error: str) -> Verdict:
     return replace(verdict, word=word, passed=False, gates=gates)
 
 
+def run_speed_design(
+    scenario: Scenario,
+    timing: TimingDesign,
+    word: str,
+    error: str | None,
+    golden_run: str | None = None,
+    golden_stored: str | None = None,
+) -> SpeedDesign:
+    """What a run's design lets its speed line say, from what the run recorded: its verdict
+    word, its error, where its reference came from; `rig compare` asks it of a stored run."""
+    workload = scenario.workload
+    return speed_design(
+        workload.repeats,
+        golden_run,
+        golden_stored,
+        interrupted=error.splitlines()[0] if error else None,
+        outputs_differ=OUTPUTS_DIFFER.get(word),
+        aa_run=is_aa_run(scenario),
+        resolution_pct=workload.speed_resolution_pct if timing.stage_one_blocks else None,
+        budget_s=workload.speed_budget_s,
+    )
+
+
 def build_outcome(
     ctx: RunContext,
     state: RunState,
@@ -300,16 +324,9 @@ def build_outcome(
             else None
         ),
     )
-    speed = speed_design(
-        workload.repeats,
-        golden.source_run if golden is not None else None,
-        golden.stored_at if golden is not None else None,
-        interrupted=error.splitlines()[0] if error else None,
-        outputs_differ=OUTPUTS_DIFFER.get(verdict.word),
-        aa_run=is_aa_run(scenario),
-        resolution_pct=workload.speed_resolution_pct if timing.stage_one_blocks else None,
-        budget_s=workload.speed_budget_s,
-    )
+    golden_run = golden.source_run if golden is not None else None
+    golden_stored = golden.stored_at if golden is not None else None
+    speed = run_speed_design(scenario, timing, verdict.word, error, golden_run, golden_stored)
     perf = apply_design(raw_perf, speed)
     allowed_pct = scenario.gates.max_perf_regression_pct
     if allowed_pct is not None and raw_perf.levels:  # judges only what the speed line words
@@ -328,6 +345,10 @@ def build_outcome(
             schedule=state.schedule,
             load_schedule=ctx.plan.load_schedule(workload).describe(),
             excluded_blocks=sorted([list(block) for block in timing.excluded]),
+            pair_levels=sorted(timing.pair_levels),
+            stage_one_blocks=timing.stage_one_blocks,
+            golden_run=golden_run,
+            golden_stored_at=golden_stored,
         ),
         records=state.records,
         pairs=pairs,

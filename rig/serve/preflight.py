@@ -1,8 +1,9 @@
 """Preflight: everything that can be known before a server starts, checked in seconds.
 
-The model (embedded, local path, Hugging Face cache or hub), the vLLM installation of each side
-(rig/serve/installs.py: there, supported, the rig's plugin and the user's kernel loading in it, no
-undeclared difference between the sides), the GPUs a placement needs and their free memory
+The model (embedded, local path, Hugging Face cache or hub; a download that did not finish is
+named, rig/serve/weights.py), the vLLM installation of each side (rig/serve/installs.py: there,
+supported, the rig's plugin and the user's kernel loading in it, no undeclared difference
+between the sides), the GPUs a placement needs and their free memory
 against the checkpoint's size, the GDN backends' importability, the ports. Every problem found
 goes into one line, so a user on the wrong machine learns all of it at once. `python -m rig.run
 SCENARIO --plan` prints the resolved plan after these checks (rig/serve/plan_text.py) and starts
@@ -11,7 +12,6 @@ nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.request
@@ -28,6 +28,7 @@ from rig.serve.ray_cluster import ClusterUnavailable, cluster_nodes
 from rig.serve.servers import ServerError, ensure_port_free
 from rig.serve.sizing import TensorParallel, size_tensor_parallel
 from rig.serve.skew import install_skew
+from rig.serve.weights import checkpoint_bytes, hf_cache_snapshot, hf_hub_cache, missing_shards
 
 GIB = 2**30
 HUB_TIMEOUT_S = 4.0
@@ -59,28 +60,6 @@ class Preflight:
     tensor_parallel: TensorParallel | None = None  # None: no server is started
 
 
-def checkpoint_bytes(folder: Path) -> int | None:
-    """Size of a checkpoint's weights: its safetensors index's total, else the files' sizes."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            return int(json.loads(index.read_text())["metadata"]["total_size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    files = list(folder.glob("*.safetensors"))
-    return sum(f.stat().st_size for f in files) if files else None
-
-
-def hf_cache_snapshot(hub_id: str) -> Path | None:
-    """The newest snapshot of `hub_id` in the Hugging Face cache that has a config.json."""
-    root = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
-    )
-    snapshots = Path(root) / f"models--{hub_id.replace('/', '--')}" / "snapshots"
-    found = [s for s in snapshots.glob("*") if (s / "config.json").is_file()]
-    return max(found, key=lambda s: s.stat().st_mtime) if found else None
-
-
 def hub_reachable(hub_id: str) -> tuple[bool, str]:
     """Whether the hub answers for this model id (offline settings count as unreachable)."""
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
@@ -105,8 +84,28 @@ def declared_bytes(scenario: Scenario) -> int | None:
     return int(scenario.model.weights_gib * GIB) if scenario.model.weights_gib else None
 
 
+def _complete(folder: Path, what: str, how: str) -> None:
+    """PreflightError naming the shards a download left out, before vLLM trips on them."""
+    missing = missing_shards(folder)
+    if missing is not None:
+        raise PreflightError(
+            f"{what} is incomplete: {missing.describe()}; finish the download: {how}"
+        )
+
+
+def _local_model(path: Path) -> ModelLocation:
+    if not (path / "config.json").exists():
+        raise PreflightError(
+            f"model path {path} has no config.json, so it holds no checkpoint (download one "
+            f"into it: hf download HUB_ID --local-dir {path})"
+        )
+    _complete(path, f"model path {path}", f"hf download HUB_ID --local-dir {path}")
+    return ModelLocation(str(path.resolve()), "local", checkpoint_bytes(path))
+
+
 def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
-    """Find the model without loading it: PreflightError when it cannot be had."""
+    """Find the model without loading it: PreflightError when it cannot be had, or when the
+    download that brought it did not finish."""
     name = scenario.model.name
     declared = declared_bytes(scenario)
     if is_embedded(name):
@@ -114,13 +113,13 @@ def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
         return ModelLocation(str(folder), "embedded", checkpoint_bytes(folder))
     path = Path(name).expanduser()
     if path.exists():
-        if not (path / "config.json").exists():
-            raise PreflightError(f"model path {path} has no config.json")
-        return ModelLocation(str(path.resolve()), "local", checkpoint_bytes(path))
+        return _local_model(path)
     if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
         raise PreflightError(f"model path {name} does not exist")
     snapshot = hf_cache_snapshot(name)
     if snapshot is not None:
+        what = f"model {name}: its Hugging Face cache snapshot {snapshot}"
+        _complete(snapshot, what, f"hf download {name}")
         return ModelLocation(name, "hf-cache", checkpoint_bytes(snapshot) or declared)
     if not check_hub:
         return ModelLocation(name, "unverified", declared, "not looked up (another node)")
@@ -128,7 +127,8 @@ def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
     if not reachable:
         raise PreflightError(
             f"model {name}: weights not in the Hugging Face cache and {why}; download them "
-            f"first (huggingface-cli download {name}) or pass a local path"
+            f"first (hf download {name}, into {hf_hub_cache()}; or with "
+            "--local-dir DIR, then --set model.name=DIR)"
         )
     return ModelLocation(name, "hub", declared, "vLLM downloads it at start")
 

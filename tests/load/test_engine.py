@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from rig.load.engine import arrival_offsets, run_level
+from rig.load.engine import arrival_offsets, progress_bar, run_level
 from rig.records import RequestRecord, RequestSpec, ServerTarget, SideJob
 from rig.stub.server import StubConfig, serve_in_thread
 from tests.stub_requests import FAST, one_side, spec
@@ -175,6 +175,21 @@ def test_arrival_offsets_are_seeded_and_gamma_shaped():
     assert poisson.std() / poisson.mean() == pytest.approx(1.0, rel=0.1)
     assert regular.std() / regular.mean() < 0.3
     assert arrival_offsets(10, None, 1.0, seed=0) is None
+
+
+def test_the_progress_bar_names_its_level_and_the_time_left():
+    """Rendered from the bar's own format: half of 40 requests in 30 s leaves 30 s."""
+    from tqdm import tqdm
+
+    bar = progress_bar(40, 16, enabled=True)
+    try:
+        meter = {**bar.format_dict, "n": 20, "elapsed": 30.0, "rate": None}
+        line = tqdm.format_meter(**meter)
+    finally:
+        bar.close()
+    assert line.startswith("C=16:  50%|")
+    assert "20/40 req [00:30 elapsed, ETA 00:30]" in line
+    assert progress_bar(40, 16, enabled=False) is None
 
 
 def test_request_rate_paces_the_sends():

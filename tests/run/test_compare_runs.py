@@ -1,9 +1,19 @@
+import json
+import re
+
+import numpy as np
 import pytest
 
 from rig.load.replay_records import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
 from rig.records import REQUESTS_FILE, TokenLogprob
+from rig.run.cache import GoldenEntry
 from rig.run.compare_runs import main as compare_main
 from rig.run.compare_runs import side_records
+from rig.run.compare_speed import MANIFEST_FILE, stored_design
+from rig.run.conclude import build_outcome
+from rig.scenario.config import Scenario
+from tests.run.test_conclude import KERNELS, ONE_LEVEL, timed_blocks
+from tests.run_fakes import run_context
 from tests.verdict.test_compare import pair_at_third_token
 
 # --- comparing stored runs ---------------------------------------------------------------------
@@ -78,3 +88,154 @@ def test_main_fails_when_requests_failed(make_record, tmp_path, capsys):
 def test_main_reports_a_missing_run(tmp_path, capsys):
     assert compare_main([str(tmp_path / "nope"), str(tmp_path / "nope")]) == 2
     assert "rig: error" in capsys.readouterr().err
+
+
+# --- speed ---------------------------------------------------------------------------------
+
+
+def timed(make_record, side, level, repeats=3, slower=1.0, n=20):
+    """`repeats` blocks of `n` requests at `level`; the candidate's TTFT `slower` times the
+    reference's, request by request, give or take 1 %."""
+    rng, jitter = np.random.default_rng(level), np.random.default_rng(level + 100)
+    records = []
+    for repeat in range(repeats):
+        ttfts = 0.1 * (1 + 0.1 * rng.standard_normal(n))
+        noise = 1 + 0.01 * jitter.standard_normal(n) if side == "candidate" else np.ones(n)
+        for i, ttft in enumerate(ttfts * slower * noise):
+            records.append(
+                make_record(
+                    side,
+                    f"c{level}-r{repeat}-{i:04d}",
+                    prompt_id=f"p{i}",
+                    index=i,
+                    level=level,
+                    repeat=repeat,
+                    sent_at=1000.0 + i * 0.1,
+                    ttft_s=float(ttft),
+                    itl_s=[0.01] * 9,
+                    e2el_s=float(ttft) + 0.09,
+                    output_tokens=10,
+                    prompt_tokens=20,
+                )
+            )
+    return records
+
+
+def one_run(make_record, run_dir, slower=1.15, **manifest):
+    """A stored run of both sides at C=1 and C=4, with the manifest.json its report writes
+    (`manifest` overrides its fields; None: no manifest, a run whose report never came)."""
+    sides = [
+        record
+        for level in (1, 4)
+        for side, factor in (("reference", 1.0), ("candidate", slower))
+        for record in timed(make_record, side, level, slower=factor)
+    ]
+    store(run_dir, sides)
+    scenario = Scenario.model_validate(
+        {
+            "name": "t",
+            "model": {"name": "org/some-model"},
+            "candidate": {"kernel": "ns4"},
+            "workload": {"prompts": [{"long_tokens": [100]}], "concurrency": [1, 4], "repeats": 3},
+        }
+    )
+    fields = {
+        "scenario": json.loads(scenario.model_dump_json()),
+        "verdict": {"word": "identical"},
+        "error": None,
+        "excluded_blocks": [],
+        "pair_levels": [],
+        "stage_one_blocks": None,
+        "golden_run": None,
+    } | manifest
+    (run_dir / MANIFEST_FILE).write_text(json.dumps(fields), encoding="utf-8")
+    return run_dir
+
+
+FIFTEEN = r"\+1[45]\.\d %"  # the candidate's TTFT: 15 % slower, give or take its noise
+
+
+def speed_output(capsys) -> list[str]:
+    out = capsys.readouterr().out.splitlines()
+    return out[next(i for i, line in enumerate(out) if line.startswith("speed:")) :]
+
+
+def test_one_runs_own_sides_get_a_speed_word_per_level(make_record, tmp_path, capsys):
+    run = one_run(make_record, tmp_path / "run")
+    assert compare_main([str(run), str(run)]) == 0
+    head, c1, c4 = speed_output(capsys)
+    assert head.startswith("speed: family-wise 95% over 4 metrics x 2 level(s)")
+    for line, level in ((c1, 1), (c4, 4)):
+        assert re.match(rf"  C{level} \(3 block pairs\): TTFT {FIFTEEN} \[\+1\d\.\d, \+1", line)
+        assert "] slower; TPOT +0.0 % [+0.0, +0.0] within noise;" in line
+
+
+def test_two_stored_runs_are_not_comparable_for_speed(make_record, tmp_path, capsys):
+    """RUN_A's reference and RUN_B's candidate, measured at different times: the changes are
+    shown, never a word, whatever the numbers."""
+    run_a = one_run(make_record, tmp_path / "a")
+    run_b = one_run(make_record, tmp_path / "b")
+    assert compare_main([str(run_a), str(run_b)]) == 0
+    head, c1, c4 = speed_output(capsys)
+    assert head.startswith("speed: not comparable (two runs, measured at different times")
+    assert re.match(rf"  C1 \(3 block pairs\): TTFT {FIFTEEN}, TPOT \+0\.0 %, E2EL ", c1)
+    assert c1.endswith(": not comparable") and c4.endswith(": not comparable")
+    assert "slower" not in c1 + c4 and "[" not in c1 + c4
+
+
+@pytest.mark.parametrize(
+    ("manifest", "reason"),
+    [
+        (
+            {"golden_run": "r0", "golden_stored_at": "2026-12-01"},
+            "not comparable (reference from the golden cache: run r0, stored 2026-12-01",
+        ),
+        (
+            {"verdict": {"word": "NOT equivalent"}},
+            "not comparable (outputs differ: the candidate is NOT equivalent)",
+        ),
+        (
+            {"error": "interrupted (SIGTERM)\nmore"},
+            "not measured (the run did not complete: interrupted (SIGTERM))",
+        ),
+        (None, "not measured (no manifest.json"),
+    ],
+)
+def test_one_run_keeps_its_speed_lines_refusals(make_record, tmp_path, capsys, manifest, reason):
+    """Each refusal of the run's own speed line, and a run whose report was never written."""
+    run = one_run(make_record, tmp_path / "run", **(manifest or {}))
+    if manifest is None:
+        (run / MANIFEST_FILE).unlink()
+    compare_main([str(run), str(run)])
+    head, c1, _ = speed_output(capsys)
+    assert head.startswith(f"speed: {reason}")
+    assert re.match(rf"  C1 \(3 block pairs\): TTFT {FIFTEEN},", c1) and "slower" not in c1
+
+
+def test_a_manifest_that_does_not_say_where_the_reference_came_from_gets_no_word(
+    make_record, tmp_path, capsys
+):
+    """An older rig's manifest.json: its reference may have come from the golden cache."""
+    run = one_run(make_record, tmp_path / "run")
+    stored = json.loads((run / MANIFEST_FILE).read_text())
+    del stored["golden_run"]
+    (run / MANIFEST_FILE).write_text(json.dumps(stored))
+    compare_main([str(run), str(run)])
+    head, c1, _ = speed_output(capsys)
+    assert head.startswith("speed: not comparable (manifest.json does not record where")
+    assert "slower" not in c1
+
+
+@pytest.mark.parametrize(
+    "golden", [None, GoldenEntry("first", [], [], {}, KERNELS["reference"], {}, "2026-12-01")]
+)
+def test_a_stored_runs_design_is_the_one_its_speed_line_had(tmp_path, make_record, golden):
+    """What the run's manifest.json records rebuilds the run's own speed design."""
+    ctx = run_context(tmp_path, candidate={"kernel": "ns4"}, drift={"enabled": False},
+                      workload=ONE_LEVEL)  # fmt: skip
+    outcome = build_outcome(ctx, timed_blocks(make_record), KERNELS, None, golden=golden)
+    manifest = outcome.manifest.to_json() | {"verdict": {"word": outcome.verdict.word}}
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(manifest, default=str), encoding="utf-8")
+    stored = stored_design(tmp_path)
+    assert stored.speed == outcome.speed and stored.speed.measured == (golden is None)
+    assert stored.levels == 1

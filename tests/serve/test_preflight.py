@@ -11,13 +11,7 @@ from rig.scenario.config import Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.installs import InstallFacts
 from rig.serve.plan_text import render_plan
-from rig.serve.preflight import (
-    PreflightError,
-    checkpoint_bytes,
-    locate_model,
-    model_copies,
-    preflight,
-)
+from rig.serve.preflight import PreflightError, locate_model, model_copies, preflight
 
 GIB = 2**30
 
@@ -61,21 +55,43 @@ def supported_vllm(monkeypatch):
     own_install(monkeypatch, plugin="installed")
 
 
-def test_checkpoint_size_comes_from_the_safetensors_index_else_the_files(local_model):
-    assert checkpoint_bytes(local_model) is None
-    (local_model / "a.safetensors").write_bytes(b"x" * 100)
-    assert checkpoint_bytes(local_model) == 100
-    index = {"metadata": {"total_size": 5 * GIB}, "weight_map": {}}
-    (local_model / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert checkpoint_bytes(local_model) == 5 * GIB
+def shards(folder, names, present):
+    """A checkpoint's index naming `names`, of which only `present` were downloaded."""
+    weight_map = {f"layer.{i}": name for i, name in enumerate(names)}
+    index = {"metadata": {"total_size": 1000}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    for name in present:
+        (folder / name).write_bytes(b"x")
 
 
 def test_missing_paths_and_folders_without_config_are_refused(tmp_path):
     with pytest.raises(PreflightError, match="does not exist"):
         locate_model(scenario({"name": "./no/such/model"}))
     (tmp_path / "weights").mkdir()
-    with pytest.raises(PreflightError, match="no config.json"):
+    with pytest.raises(PreflightError, match="no config.json, so it holds no checkpoint") as caught:
         locate_model(scenario({"name": str(tmp_path / "weights")}))
+    assert "\n" not in str(caught.value) and "--local-dir" in str(caught.value)
+
+
+def test_a_local_folder_missing_shards_is_named_with_a_count_and_an_example(local_model):
+    names = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+    shards(local_model, names, present=names[:1])
+    with pytest.raises(PreflightError) as caught:
+        locate_model(scenario({"name": str(local_model)}))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"model path {local_model} is incomplete: 3 of 4 shards" in message
+    assert "(e.g. model-00002-of-00004.safetensors)" in message
+    for name in names[1:]:
+        (local_model / name).write_bytes(b"x")
+    assert locate_model(scenario({"name": str(local_model)})).weights_bytes == 1000
+
+
+def test_a_partial_download_stops_preflight_in_one_line_before_any_server(local_model, tmp_path):
+    shards(local_model, ["a.safetensors", "b.safetensors"], present=["a.safetensors"])
+    with pytest.raises(PreflightError) as caught:
+        preflight(scenario({"name": str(local_model)}), tmp_path / "run", gpus(1, free_gib=80))
+    assert "\n" not in str(caught.value) and "1 of 2 shards" in str(caught.value)
 
 
 def test_a_hub_id_is_found_in_the_hf_cache(tmp_path, monkeypatch):
@@ -88,11 +104,32 @@ def test_a_hub_id_is_found_in_the_hf_cache(tmp_path, monkeypatch):
     assert (found.path, found.source, found.weights_bytes) == ("org/some-model", "hf-cache", 64)
 
 
+def test_a_cache_snapshot_whose_blobs_never_arrived_is_incomplete(tmp_path, monkeypatch):
+    """The cache links a snapshot's files to blobs; a shard still downloading has no link, a
+    link to a blob that is gone points nowhere: both count as missing."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    snapshot = tmp_path / "hub" / "models--org--some-model" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    shards(snapshot, ["a.safetensors", "b.safetensors", "c.safetensors"], ["a.safetensors"])
+    (snapshot / "b.safetensors").symlink_to(tmp_path / "hub" / "blobs" / "gone")
+    with pytest.raises(PreflightError) as caught:
+        locate_model(scenario())
+    message = str(caught.value)
+    assert f"org/some-model: its Hugging Face cache snapshot {snapshot} is incomplete" in message
+    assert "2 of 3 shards" in message and "(e.g. b.safetensors)" in message
+    assert "hf download org/some-model" in message
+
+
 def test_offline_without_the_weights_is_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(PreflightError, match="not in the Hugging Face cache and HF_HUB_OFFLINE=1"):
         locate_model(scenario())
+    with pytest.raises(PreflightError) as caught:
+        locate_model(scenario())
+    assert "\n" not in str(caught.value) and f"into {tmp_path}" in str(caught.value)
     assert locate_model(scenario(), check_hub=False).source == "unverified"
 
 
