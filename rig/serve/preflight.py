@@ -1,8 +1,9 @@
 """Preflight: everything that can be known before a server starts, checked in seconds.
 
-The model (embedded, local path, Hugging Face cache or hub; a download that did not finish is
-named, rig/serve/weights.py), the vLLM installation of each side (rig/serve/installs.py: there,
-supported, the rig's plugin and the user's kernel loading in it, no undeclared difference
+The model (embedded, local path or Hugging Face cache; the rig starts no download, and one that
+did not finish is named, rig/serve/weights.py), the vLLM installation of each side
+(rig/serve/installs.py: there, supported, the rig's plugin and the user's kernel loading in it,
+no undeclared difference
 between the sides), the GPUs a placement needs and their free memory
 against the checkpoint's size, the GDN backends' importability, the ports. Every problem found
 goes into one line, so a user on the wrong machine learns all of it at once. `python -m rig.run
@@ -12,9 +13,6 @@ nothing.
 
 from __future__ import annotations
 
-import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +29,6 @@ from rig.serve.skew import install_skew
 from rig.serve.weights import checkpoint_bytes, hf_cache_snapshot, hf_hub_cache, missing_shards
 
 GIB = 2**30
-HUB_TIMEOUT_S = 4.0
 GPU_RESERVE_GIB = 2.0  # CUDA context, activations, a minimal KV cache per server
 
 
@@ -44,7 +41,7 @@ class ModelLocation:
     """Where the servers will load the model from, and how big its weights are."""
 
     path: str  # what `vllm serve` gets: a local folder or a hub id
-    source: str  # "embedded", "local", "hf-cache", "hub", or "unverified"
+    source: str  # "embedded", "local", "hf-cache", or "unverified"
     weights_bytes: int | None = None
     note: str = ""
 
@@ -58,25 +55,6 @@ class Preflight:
     installs: dict[str, SideInstall] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     tensor_parallel: TensorParallel | None = None  # None: no server is started
-
-
-def hub_reachable(hub_id: str) -> tuple[bool, str]:
-    """Whether the hub answers for this model id (offline settings count as unreachable)."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
-        return False, "HF_HUB_OFFLINE=1"
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    request = urllib.request.Request(f"{endpoint}/api/models/{hub_id}", method="HEAD")
-    token = os.environ.get("HF_TOKEN")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=HUB_TIMEOUT_S):
-            return True, ""
-    except urllib.error.HTTPError as exc:
-        return False, f"the hub answered HTTP {exc.code} for {hub_id}"
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return False, f"the hub is unreachable ({reason})"
 
 
 def declared_bytes(scenario: Scenario) -> int | None:
@@ -123,14 +101,11 @@ def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
         return ModelLocation(name, "hf-cache", checkpoint_bytes(snapshot) or declared)
     if not check_hub:
         return ModelLocation(name, "unverified", declared, "not looked up (another node)")
-    reachable, why = hub_reachable(name)
-    if not reachable:
-        raise PreflightError(
-            f"model {name}: weights not in the Hugging Face cache and {why}; download them "
-            f"first (hf download {name}, into {hf_hub_cache()}; or with "
-            "--local-dir DIR, then --set model.name=DIR)"
-        )
-    return ModelLocation(name, "hub", declared, "vLLM downloads it at start")
+    raise PreflightError(
+        f"model {name}: weights not in the Hugging Face cache ({hf_hub_cache()}), and the rig "
+        f"starts no download at run time; download them first (hf download {name}; or with "
+        "--local-dir DIR, then --set model.name=DIR)"
+    )
 
 
 def check_backends(
