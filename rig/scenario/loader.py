@@ -166,6 +166,13 @@ def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     return merged
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What YAML found wrong, in one line: a parser's `problem`, a reader's `reason` (a control
+    character: a ReaderError has no `problem`), else the first line of its message."""
+    found = getattr(exc, "problem", None) or getattr(exc, "reason", None)
+    return found or str(exc).splitlines()[0]
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (['a', 'b', 'c'], value), the value parsed as YAML (so 64 is an int)."""
     key, sep, raw = text.partition("=")
@@ -174,7 +181,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ScenarioError(f"--set {text!r}: value is not valid YAML ({exc.problem})") from None
+        raise ScenarioError(
+            f"--set {text!r}: value is not valid YAML ({_yaml_problem(exc)})"
+        ) from None
     return [part for part in key.strip().split(".")], value
 
 
@@ -222,8 +231,7 @@ def load_scenario(path: Path, overrides: list[str] | None = None) -> Scenario:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", exc)
-        raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+        raise ScenarioError(f"{path}: invalid YAML{where}: {_yaml_problem(exc)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

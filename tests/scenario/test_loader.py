@@ -25,6 +25,18 @@ def test_invalid_yaml_gives_the_line(tmp_path):
     assert "invalid YAML at line" in message
 
 
+@pytest.mark.parametrize("text", ["description: \x1b\n", "workload: \x00\n"])
+def test_a_control_character_is_invalid_yaml_in_one_line(tmp_path, text):
+    message = error_of(write(tmp_path, text))
+    assert "special characters are not allowed" in message and "\n" not in message
+
+
+def test_a_control_character_in_a_set_value_is_one_line():
+    with pytest.raises(ScenarioError, match="not valid YAML .special characters") as caught:
+        parse_override("0=\x1b")
+    assert "\n" not in str(caught.value)
+
+
 def test_tab_indentation_is_invalid_yaml(tmp_path):
     message = error_of(write(tmp_path, "workload:\n\tconcurrency: [1]\n"))
     assert "invalid YAML at line 2" in message
