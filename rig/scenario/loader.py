@@ -110,6 +110,8 @@ def preset_for(model: dict[str, Any], directory: Path = PRESETS_DIR) -> Preset |
     folder = _local_checkpoint(name)
     facts = checkpoint_facts(folder) if folder is not None else None
     key = model.get("preset")
+    if key is not None and not isinstance(key, str):
+        raise ScenarioError(f"model.preset: expected a preset's name, got {key!r:.60}")
     if key is not None:
         chosen = presets.get(key)
         if chosen is None:

@@ -37,6 +37,13 @@ def test_a_control_character_in_a_set_value_is_one_line():
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("preset", [["a"], {"a": 1}])
+def test_a_preset_that_is_not_a_name_is_one_line(tmp_path, preset):
+    path = write(tmp_path, {**MINIMAL, "model": {"preset": preset}})
+    with pytest.raises(ScenarioError, match="model.preset: expected a preset's name"):
+        load_scenario(path)
+
+
 def test_tab_indentation_is_invalid_yaml(tmp_path):
     message = error_of(write(tmp_path, "workload:\n\tconcurrency: [1]\n"))
     assert "invalid YAML at line 2" in message
