@@ -98,8 +98,23 @@ def checkpoint_facts(folder: Path) -> CheckpointFacts | None:
 
 
 def _local_checkpoint(name: str | None) -> Path | None:
-    folder = Path(name).expanduser() if name else None
-    return folder if folder is not None and (folder / "config.json").is_file() else None
+    """The folder a model name is, if it holds a config.json; a name that cannot be a path
+    here (`~user` of no such user, a component too long) is none, and is left to validation."""
+    if not name:
+        return None
+    try:
+        folder = Path(name).expanduser()
+        return folder if (folder / "config.json").is_file() else None
+    except (OSError, RuntimeError):
+        return None
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; a path the system cannot even look up (too long) does not."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def preset_for(model: dict[str, Any], directory: Path = PRESETS_DIR) -> Preset | None:
@@ -256,16 +271,16 @@ def _resolve_paths(scenario: Scenario, scenario_dir: Path) -> Scenario:
     project_root = PROJECT_ROOT
     sources = []
     for source in scenario.workload.prompts:
-        if source.path is not None and not source.path.is_absolute() and not source.path.exists():
+        if source.path is not None and not source.path.is_absolute() and not _exists(source.path):
             for base in (scenario_dir, project_root):
-                if (base / source.path).exists():
+                if _exists(base / source.path):
                     source = source.model_copy(update={"path": base / source.path})
                     break
         sources.append(source)
     update: dict[str, Any] = {"prompts": sources}
-    if (talks := scenario.workload.conversations) is not None and not talks.path.exists():
+    if (talks := scenario.workload.conversations) is not None and not _exists(talks.path):
         for base in (scenario_dir, project_root):
-            if not talks.path.is_absolute() and (base / talks.path).exists():
+            if not talks.path.is_absolute() and _exists(base / talks.path):
                 update["conversations"] = talks.model_copy(update={"path": base / talks.path})
                 break
     workload = scenario.workload.model_copy(update=update)

@@ -2,6 +2,7 @@
 overrides, and the model's preset underneath the file."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,18 @@ def test_a_preset_that_is_not_a_name_is_one_line(tmp_path, preset):
     path = write(tmp_path, {**MINIMAL, "model": {"preset": preset}})
     with pytest.raises(ScenarioError, match="model.preset: expected a preset's name"):
         load_scenario(path)
+
+
+@pytest.mark.parametrize("name", ["~no-such-user-here/model", "m" * 300])
+def test_a_model_name_that_cannot_be_a_folder_is_not_a_checkpoint(tmp_path, name):
+    scenario = load_scenario(write(tmp_path, {**MINIMAL, "model": {"name": name}}))
+    assert scenario.model.name == name
+
+
+def test_a_prompt_path_too_long_to_look_up_is_a_missing_file(tmp_path):
+    data = {"workload": {"prompts": [{"path": "p" * 300}], "concurrency": [1]}}
+    scenario = load_scenario(write(tmp_path, data))
+    assert scenario.workload.prompts[0].path == Path("p" * 300)
 
 
 def test_tab_indentation_is_invalid_yaml(tmp_path):
