@@ -166,6 +166,8 @@ def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Scenario data with the named model's preset underneath: preset < file < --set."""
     probe = apply_overrides(copy.deepcopy(data), overrides)
     model = model_mapping(probe.get("model")) or {}
+    if not isinstance(model, dict):
+        return probe  # `model: 3`: validation names the key
     preset = preset_for(model)
     if preset is None:
         return probe

@@ -57,6 +57,11 @@ def test_a_prompt_path_too_long_to_look_up_is_a_missing_file(tmp_path):
     assert scenario.workload.prompts[0].path == Path("p" * 300)
 
 
+@pytest.mark.parametrize("model", [True, 3, ["a"]])
+def test_a_model_that_is_neither_a_name_nor_a_mapping_is_one_line(tmp_path, model):
+    assert "key 'model'" in error_of(write(tmp_path, {**MINIMAL, "model": model}))
+
+
 def test_tab_indentation_is_invalid_yaml(tmp_path):
     message = error_of(write(tmp_path, "workload:\n\tconcurrency: [1]\n"))
     assert "invalid YAML at line 2" in message
