@@ -151,7 +151,7 @@ def load_conversations(source: ConversationSource) -> list[Conversation]:
     """Read and validate every conversation of the file, then keep the first `limit`."""
     path = Path(source.path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").split("\n")  # not at U+2028 inside a string
     except (FileNotFoundError, IsADirectoryError):
         raise PromptFileError(f"{path}: conversation file not found") from None
     conversations = []

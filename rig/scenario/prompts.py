@@ -108,9 +108,11 @@ def load_prompts(path: Path, limit: int | None = None) -> list[Prompt]:
 
 
 def _jsonl_records(path: Path, content: str) -> list[tuple[str, int, Any]]:
-    """(place, number, decoded object) per non-blank line; numbers are 1-based line numbers."""
+    """(place, number, decoded object) per non-blank line; numbers are 1-based line numbers.
+    Lines end at "\n" only: a JSON string may hold U+2028 or U+0085 as they are, which
+    str.splitlines would take for line ends."""
     records = []
-    for number, line in enumerate(content.splitlines(), start=1):
+    for number, line in enumerate(content.split("\n"), start=1):
         if not line.strip():
             continue
         try:

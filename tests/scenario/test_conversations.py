@@ -178,3 +178,11 @@ def test_the_step_budget_counts_only_the_conversations_that_can_be_in_flight():
     """C=16 over a limit of 2 conversations has 2 in flight: 2 x max_model_len is enough."""
     talks = {"conversations": {"path": str(SHIPPED), "limit": 2}, "concurrency": [16]}
     assert scenario(talks, {"min_prefix_cache_hits": 5}).workload.conversations.limit == 2
+
+
+def test_a_line_separator_inside_a_turn_is_part_of_it(tmp_path):
+    path = tmp_path / "talks.jsonl"
+    row = {"id": "a", "turns": ["one\u2028two", "three"]}
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    (talk,) = load_conversations(ConversationSource(path=path))
+    assert talk.turns == ("one\u2028two", "three")
