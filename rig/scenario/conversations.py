@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import Field
 
 from rig.scenario.long_prompts import build_long_prompt
-from rig.scenario.prompts import ChatMessage, Prompt, PromptFileError
+from rig.scenario.prompts import TOO_DEEP, ChatMessage, Prompt, PromptFileError
 from rig.scenario.strict import StrictModel
 
 _KINDS = ("turns", "questions")
@@ -171,6 +171,8 @@ def _parse(where: str, line: str, position: int, source: ConversationSource) -> 
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise PromptFileError(f"{where}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise PromptFileError(f"{where}: {TOO_DEEP}") from None
     if not isinstance(record, dict):
         raise PromptFileError(f"{where}: expected an object with 'turns' or 'questions'")
     if unknown := sorted(set(record) - _KEYS):

@@ -186,3 +186,9 @@ def test_a_line_separator_inside_a_turn_is_part_of_it(tmp_path):
     path.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
     (talk,) = load_conversations(ConversationSource(path=path))
     assert talk.turns == ("one\u2028two", "three")
+
+
+def test_json_nested_too_deeply_is_one_line(tmp_path):
+    path = write(tmp_path, '{"turns": ' + "[" * 5000)
+    with pytest.raises(PromptFileError, match="talks.jsonl:1: JSON nested too deeply"):
+        load_conversations(ConversationSource(path=path))
