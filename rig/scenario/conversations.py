@@ -154,6 +154,14 @@ def load_conversations(source: ConversationSource) -> list[Conversation]:
         lines = path.read_text(encoding="utf-8").split("\n")  # not at U+2028 inside a string
     except (FileNotFoundError, IsADirectoryError):
         raise PromptFileError(f"{path}: conversation file not found") from None
+    except OSError as exc:
+        raise PromptFileError(
+            f"{path}: cannot read the conversation file ({exc.strerror})"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     conversations = []
     for number, line in enumerate(lines, start=1):
         if line.strip():

@@ -192,3 +192,16 @@ def test_json_nested_too_deeply_is_one_line(tmp_path):
     path = write(tmp_path, '{"turns": ' + "[" * 5000)
     with pytest.raises(PromptFileError, match="talks.jsonl:1: JSON nested too deeply"):
         load_conversations(ConversationSource(path=path))
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "talks.jsonl"
+    path.write_bytes(b'{"turns": ["caf\xe9", "b"]}\n')
+    with pytest.raises(PromptFileError, match="talks.jsonl: not UTF-8 text .* at byte 15"):
+        load_conversations(ConversationSource(path=path))
+
+
+def test_a_file_that_cannot_be_read_is_one_line(tmp_path):
+    path = tmp_path / ("t" * 300)
+    with pytest.raises(PromptFileError, match="cannot read the conversation file"):
+        load_conversations(ConversationSource(path=path))
