@@ -194,9 +194,12 @@ def _parse(where: str, line: str, position: int, source: ConversationSource) -> 
     for index, text in enumerate(texts):
         _require_text(where, f"{kinds[0]}[{index}]", text)
     conversation_id = _require_text(where, "id", record.get("id", f"conversation-{position}"))
-    system = record.get("system", "")
-    if system:
-        _require_text(where, "system", system)
+    system = record.get("system") or ""
+    if record.get("system") not in (None, ""):
+        system = _require_text(where, "system", record["system"])
+    category = record.get("category")
+    if category is not None:
+        _require_text(where, "category", category)
     if source.prefix_tokens:
         document = build_long_prompt(source.prefix_tokens, seed=source.seed + position)
         system = "\n\n".join(part for part in (document.messages[0].content, system) if part)
@@ -206,7 +209,7 @@ def _parse(where: str, line: str, position: int, source: ConversationSource) -> 
         turns=tuple(texts),
         history=kinds[0] == "turns",
         source=where,
-        category=record.get("category", "multi-turn" if kinds[0] == "turns" else "shared-prefix"),
+        category=category or ("multi-turn" if kinds[0] == "turns" else "shared-prefix"),
     )
 
 

@@ -205,3 +205,17 @@ def test_a_file_that_cannot_be_read_is_one_line(tmp_path):
     path = tmp_path / ("t" * 300)
     with pytest.raises(PromptFileError, match="cannot read the conversation file"):
         load_conversations(ConversationSource(path=path))
+
+
+@pytest.mark.parametrize(("key", "value"), [("system", 0), ("system", []), ("category", 5)])
+def test_a_system_or_category_that_is_not_text_is_one_line(tmp_path, key, value):
+    path = write(tmp_path, {"turns": ["a", "b"], key: value})
+    with pytest.raises(PromptFileError, match=f"talks.jsonl:1: '{key}' must be a non-empty string"):
+        load_conversations(ConversationSource(path=path))
+
+
+def test_a_null_system_is_none(tmp_path):
+    (talk,) = load_conversations(
+        ConversationSource(path=write(tmp_path, {"turns": ["a", "b"], "system": None}))
+    )
+    assert talk.system == "" and talk.messages(0, [])[0].role == "user"
