@@ -128,7 +128,7 @@ class StreamAccumulator:
                 text = payload.decode("utf-8", errors="replace")
             try:
                 message = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
                 self._problem(
                     ErrorKind.MALFORMED_SSE.error(f"event is not JSON ({exc}): {payload[:80]!r}")
                 )

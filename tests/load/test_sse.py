@@ -168,3 +168,9 @@ def test_a_negative_logprob_token_id_is_read():
     stream.feed(f"data: {json.dumps(message)}\n\n".encode(), 1.0)
     stream.finish()
     assert [(p.token_id, p.logprob) for p in record.logprobs] == [(-3, -0.5)]
+
+
+def test_an_event_nested_too_deeply_is_a_problem_not_an_exception():
+    record, stream = _accumulate(b"data: " + b"[" * 5000 + b"\n\n")
+    assert stream.problem.startswith("malformed_sse: event is not JSON")
+    assert record.text == ""
