@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ def _labels(text: str | None) -> dict[str, str]:
 
 def metric_samples(metrics_text: str, names: Collection[str]) -> list[MetricSample]:
     """The samples of the families `names` in a /metrics text; a sample whose value is not a
-    number is left out."""
+    finite number (NaN, +Inf: no count or total is) is left out."""
     samples = []
     for line in metrics_text.splitlines():
         match = _SAMPLE_LINE.match(line)
@@ -94,6 +95,8 @@ def metric_samples(metrics_text: str, names: Collection[str]) -> list[MetricSamp
         try:
             value = float(match["value"])
         except ValueError:
+            continue
+        if not math.isfinite(value):
             continue
         samples.append(MetricSample(match["name"], _labels(match["labels"]), value))
     return samples

@@ -129,3 +129,15 @@ def test_a_server_that_does_not_answer_is_unreadable():
         with pytest.raises(MetricsUnreadable, match="/metrics"):
             fetch_kernel_proof(url)
         assert served_version(url) is None
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "1e400"])
+def test_a_counter_that_is_not_a_finite_number_is_left_out(value):
+    from kernels.proof import CALLS_METRIC, INFO_METRIC
+
+    plugin = (
+        f'{INFO_METRIC}{{pid="1",kernel="k"}} 1\n{CALLS_METRIC}{{pid="1",kernel="k"}} {value}\n'
+    )
+    text = VLLM_METRICS + plugin
+    assert parse_server_counters(text).gdn_prefill_calls == 0
+    assert kernel_proof_from_metrics(text).calls == 0
