@@ -88,7 +88,7 @@ def metric_samples(metrics_text: str, names: Collection[str]) -> list[MetricSamp
     """The samples of the families `names` in a /metrics text; a sample whose value is not a
     finite number (NaN, +Inf: no count or total is) is left out."""
     samples = []
-    for line in metrics_text.splitlines():
+    for line in metrics_text.split("\n"):  # a label value may hold \x1e or U+2028 as it is
         match = _SAMPLE_LINE.match(line)
         if match is None or match["name"] not in names:
             continue

@@ -141,3 +141,10 @@ def test_a_counter_that_is_not_a_finite_number_is_left_out(value):
     text = VLLM_METRICS + plugin
     assert parse_server_counters(text).gdn_prefill_calls == 0
     assert kernel_proof_from_metrics(text).calls == 0
+
+
+@pytest.mark.parametrize("separator", ["\x1e", "\x85", "\u2028", "\x0c"])
+def test_a_line_separator_inside_a_label_value_keeps_the_sample(separator):
+    text = f'vllm:prefix_cache_hits_total{{model="a{separator}b"}} 3\n'
+    (sample,) = metric_samples(text, {"vllm:prefix_cache_hits_total"})
+    assert sample.labels == {"model": f"a{separator}b"} and sample.value == 3
