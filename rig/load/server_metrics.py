@@ -36,7 +36,7 @@ PHASE_HISTOGRAMS = {
 
 
 class MetricsUnreadable(Exception):
-    """A server's /metrics did not answer (it died, or is not a vLLM server)."""
+    """A server's /metrics did not answer (it died), or lacks what a vLLM server publishes."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def parse_server_counters(metrics_text: str) -> ServerCounters:
         totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     missing = [name for name in PREFIX_CACHE if name not in totals]
     if missing:
-        raise ValueError(
+        raise MetricsUnreadable(
             f"/metrics has no {', '.join(missing)} (is this a vLLM server with prefix caching?)"
         )
 
