@@ -52,7 +52,7 @@ def _read(text: str) -> ServerCounters | str:
     return counters
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(TEXT)
 @example(_line(PREFIX_CACHE[0], {}, "1") + "\n" + _line(PREFIX_CACHE[1], {}, "0"))
 @example(
@@ -67,7 +67,7 @@ def test_any_metrics_text_gives_counters_or_one_line(text):
     _read(text)
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(
     st.lists(
         st.tuples(st.sampled_from(NAMES), LABELS, st.floats(allow_nan=False, allow_infinity=False)),

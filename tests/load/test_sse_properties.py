@@ -101,7 +101,7 @@ def _fold(stream: bytes, cuts: list[int], logprobs: bool) -> tuple[RequestRecord
     return record, ended or accumulator.problem
 
 
-@settings(max_examples=400)
+@settings(max_examples=300)
 @given(STREAM, st.lists(st.integers(0, 10**4), max_size=5), st.booleans())
 @example(_event("token_id:--5"), [], True)
 @example(_event("token_id:\u00b2"), [], True)

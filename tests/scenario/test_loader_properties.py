@@ -66,7 +66,7 @@ def _load(text: str, overrides: list[str]) -> Scenario | str:
     return message
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(st.text(max_size=200))
 def test_any_override_text_parses_or_says_why(text):
     try:
@@ -77,7 +77,7 @@ def test_any_override_text_parses_or_says_why(text):
         assert path and "=" in text
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(DOCUMENTS.filter(lambda d: isinstance(d, dict)), OVERRIDES)
 def test_overrides_on_any_mapping_apply_or_say_why(data, overrides):
     try:
