@@ -237,7 +237,6 @@ def test_what_speaks_no_http_is_not_taken_for_it():
 # only shrinks: a module named here that gains its file, or is gone, must leave it.
 UNMIRRORED = {
     "rig.run.__main__": "`python -m rig.run`'s entry; through tests/run/test_pipeline.py",
-    "rig.manifest_record": "tests/run/test_manifest.py",
     "rig.models.qwen35_control": "through tests/e2e/test_gpu*.py (GPU-bound)",
     "rig.load.pairs": "through tests/run/test_pair_load.py",
     "rig.load.request": "tests/load/test_request_properties.py",
