@@ -13,17 +13,10 @@ from hypothesis import strategies as st
 
 from rig.scenario.conversations import Conversation, ConversationSource, load_conversations
 from rig.scenario.prompts import PromptFileError
+from tests.scenario.test_prompts_properties import TEXT, json_values
 
-TEXT = st.text(min_size=1, max_size=12).filter(str.strip)
 KEYS = ("id", "system", "category", "turns", "questions")
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
+JSON = json_values(KEYS)
 TALK = st.builds(
     lambda kind, texts, system: {kind: texts, **({"system": system} if system else {})},
     st.sampled_from(("turns", "questions")),

@@ -14,14 +14,26 @@ from rig.scenario.prompts import Prompt, PromptFileError, load_prompts
 
 TEXT = st.text(min_size=1, max_size=12).filter(str.strip)
 KEYS = ("id", "question_id", "prompt", "messages", "turns", "conversations", "category", "role")
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
+
+
+def json_values(keys: tuple[str, ...]) -> st.SearchStrategy:
+    """Any JSON value, its objects' keys mostly from `keys` (so that they reach past the first
+    unknown key)."""
+    return st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False)
+        | st.text(max_size=10),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(st.sampled_from(keys) | st.text(max_size=6), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+
+
+JSON = json_values(KEYS)
 MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(("system", "user")), "content": TEXT})
 RECORD = st.one_of(
     st.fixed_dictionaries({"prompt": TEXT}),
