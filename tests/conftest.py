@@ -5,8 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from rig.records import RequestRecord
+
+# The bad-input sweep runs the same inputs every time (derandomized, no example database), so a
+# failure in CI is a failure here; each property sets its own max_examples (docs/ci.md).
+settings.register_profile(
+    "rig",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("rig")
 
 
 def _record(

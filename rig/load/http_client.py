@@ -129,7 +129,8 @@ class HttpResponse:
         head, self._pending = self._pending[:end].decode("latin-1"), self._pending[end + 4 :]
         status_line, *header_lines = head.split("\r\n")
         parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        status = parts[1] if len(parts) > 1 else ""
+        if not parts[0].startswith("HTTP/") or not (status.isascii() and status.isdigit()):
             raise MalformedResponse(f"not an HTTP response: {status_line[:80]!r}")
         self.status = int(parts[1])
         headers = {}

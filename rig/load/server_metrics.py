@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ PHASE_HISTOGRAMS = {
 
 
 class MetricsUnreadable(Exception):
-    """A server's /metrics did not answer (it died, or is not a vLLM server)."""
+    """A server's /metrics did not answer (it died), or lacks what a vLLM server publishes."""
 
 
 @dataclass(frozen=True)
@@ -85,15 +86,17 @@ def _labels(text: str | None) -> dict[str, str]:
 
 def metric_samples(metrics_text: str, names: Collection[str]) -> list[MetricSample]:
     """The samples of the families `names` in a /metrics text; a sample whose value is not a
-    number is left out."""
+    finite number (NaN, +Inf: no count or total is) is left out."""
     samples = []
-    for line in metrics_text.splitlines():
+    for line in metrics_text.split("\n"):  # a label value may hold \x1e or U+2028 as it is
         match = _SAMPLE_LINE.match(line)
         if match is None or match["name"] not in names:
             continue
         try:
             value = float(match["value"])
         except ValueError:
+            continue
+        if not math.isfinite(value):
             continue
         samples.append(MetricSample(match["name"], _labels(match["labels"]), value))
     return samples
@@ -133,7 +136,7 @@ def parse_server_counters(metrics_text: str) -> ServerCounters:
         totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     missing = [name for name in PREFIX_CACHE if name not in totals]
     if missing:
-        raise ValueError(
+        raise MetricsUnreadable(
             f"/metrics has no {', '.join(missing)} (is this a vLLM server with prefix caching?)"
         )
 

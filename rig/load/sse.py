@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 from rig.load.http_client import MalformedResponse
@@ -127,7 +128,7 @@ class StreamAccumulator:
                 text = payload.decode("utf-8", errors="replace")
             try:
                 message = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
                 self._problem(
                     ErrorKind.MALFORMED_SSE.error(f"event is not JSON ({exc}): {payload[:80]!r}")
                 )
@@ -183,12 +184,15 @@ class StreamAccumulator:
             self.logprobs.extend(parse_logprobs(_checked(logprobs, dict, "logprobs")))
 
 
+_TOKEN_NAME = re.compile(r"token_id:(-?[0-9]+)")  # ASCII digits: str.isdigit takes "²"
+
+
 def _token_id(name: str) -> int:
     """vLLM names tokens "token_id:<id>" when asked with return_tokens_as_token_ids."""
-    prefix, _, number = name.partition(":")
-    if prefix != "token_id" or not number.lstrip("-").isdigit():
+    match = _TOKEN_NAME.fullmatch(name)
+    if match is None:
         raise MalformedStream(f"logprob token {name!r} is not of the form 'token_id:<id>'")
-    return int(number)
+    return int(match[1])
 
 
 NUMBER = (int, float)

@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import Field
 
 from rig.scenario.long_prompts import build_long_prompt
-from rig.scenario.prompts import ChatMessage, Prompt, PromptFileError
+from rig.scenario.prompts import TOO_DEEP, ChatMessage, Prompt, PromptFileError
 from rig.scenario.strict import StrictModel
 
 _KINDS = ("turns", "questions")
@@ -151,9 +151,17 @@ def load_conversations(source: ConversationSource) -> list[Conversation]:
     """Read and validate every conversation of the file, then keep the first `limit`."""
     path = Path(source.path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").split("\n")  # not at U+2028 inside a string
     except (FileNotFoundError, IsADirectoryError):
         raise PromptFileError(f"{path}: conversation file not found") from None
+    except OSError as exc:
+        raise PromptFileError(
+            f"{path}: cannot read the conversation file ({exc.strerror})"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     conversations = []
     for number, line in enumerate(lines, start=1):
         if line.strip():
@@ -171,6 +179,8 @@ def _parse(where: str, line: str, position: int, source: ConversationSource) -> 
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise PromptFileError(f"{where}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise PromptFileError(f"{where}: {TOO_DEEP}") from None
     if not isinstance(record, dict):
         raise PromptFileError(f"{where}: expected an object with 'turns' or 'questions'")
     if unknown := sorted(set(record) - _KEYS):
@@ -184,9 +194,12 @@ def _parse(where: str, line: str, position: int, source: ConversationSource) -> 
     for index, text in enumerate(texts):
         _require_text(where, f"{kinds[0]}[{index}]", text)
     conversation_id = _require_text(where, "id", record.get("id", f"conversation-{position}"))
-    system = record.get("system", "")
-    if system:
-        _require_text(where, "system", system)
+    system = record.get("system") or ""
+    if record.get("system") not in (None, ""):
+        system = _require_text(where, "system", record["system"])
+    category = record.get("category")
+    if category is not None:
+        _require_text(where, "category", category)
     if source.prefix_tokens:
         document = build_long_prompt(source.prefix_tokens, seed=source.seed + position)
         system = "\n\n".join(part for part in (document.messages[0].content, system) if part)
@@ -196,7 +209,7 @@ def _parse(where: str, line: str, position: int, source: ConversationSource) -> 
         turns=tuple(texts),
         history=kinds[0] == "turns",
         source=where,
-        category=record.get("category", "multi-turn" if kinds[0] == "turns" else "shared-prefix"),
+        category=category or ("multi-turn" if kinds[0] == "turns" else "shared-prefix"),
     )
 
 

@@ -98,8 +98,23 @@ def checkpoint_facts(folder: Path) -> CheckpointFacts | None:
 
 
 def _local_checkpoint(name: str | None) -> Path | None:
-    folder = Path(name).expanduser() if name else None
-    return folder if folder is not None and (folder / "config.json").is_file() else None
+    """The folder a model name is, if it holds a config.json; a name that cannot be a path
+    here (`~user` of no such user, a component too long) is none, and is left to validation."""
+    if not name:
+        return None
+    try:
+        folder = Path(name).expanduser()
+        return folder if (folder / "config.json").is_file() else None
+    except (OSError, RuntimeError):
+        return None
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; a path the system cannot even look up (too long) does not."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def preset_for(model: dict[str, Any], directory: Path = PRESETS_DIR) -> Preset | None:
@@ -110,6 +125,8 @@ def preset_for(model: dict[str, Any], directory: Path = PRESETS_DIR) -> Preset |
     folder = _local_checkpoint(name)
     facts = checkpoint_facts(folder) if folder is not None else None
     key = model.get("preset")
+    if key is not None and not isinstance(key, str):
+        raise ScenarioError(f"model.preset: expected a preset's name, got {key!r:.60}")
     if key is not None:
         chosen = presets.get(key)
         if chosen is None:
@@ -149,6 +166,8 @@ def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Scenario data with the named model's preset underneath: preset < file < --set."""
     probe = apply_overrides(copy.deepcopy(data), overrides)
     model = model_mapping(probe.get("model")) or {}
+    if not isinstance(model, dict):
+        return probe  # `model: 3`: validation names the key
     preset = preset_for(model)
     if preset is None:
         return probe
@@ -166,6 +185,13 @@ def apply_preset(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     return merged
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What YAML found wrong, in one line: a parser's `problem`, a reader's `reason` (a control
+    character: a ReaderError has no `problem`), else the first line of its message."""
+    found = getattr(exc, "problem", None) or getattr(exc, "reason", None)
+    return found or str(exc).splitlines()[0]
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (['a', 'b', 'c'], value), the value parsed as YAML (so 64 is an int)."""
     key, sep, raw = text.partition("=")
@@ -174,7 +200,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ScenarioError(f"--set {text!r}: value is not valid YAML ({exc.problem})") from None
+        raise ScenarioError(
+            f"--set {text!r}: value is not valid YAML ({_yaml_problem(exc)})"
+        ) from None
     return [part for part in key.strip().split(".")], value
 
 
@@ -222,8 +250,7 @@ def load_scenario(path: Path, overrides: list[str] | None = None) -> Scenario:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", exc)
-        raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+        raise ScenarioError(f"{path}: invalid YAML{where}: {_yaml_problem(exc)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -246,16 +273,16 @@ def _resolve_paths(scenario: Scenario, scenario_dir: Path) -> Scenario:
     project_root = PROJECT_ROOT
     sources = []
     for source in scenario.workload.prompts:
-        if source.path is not None and not source.path.is_absolute() and not source.path.exists():
+        if source.path is not None and not source.path.is_absolute() and not _exists(source.path):
             for base in (scenario_dir, project_root):
-                if (base / source.path).exists():
+                if _exists(base / source.path):
                     source = source.model_copy(update={"path": base / source.path})
                     break
         sources.append(source)
     update: dict[str, Any] = {"prompts": sources}
-    if (talks := scenario.workload.conversations) is not None and not talks.path.exists():
+    if (talks := scenario.workload.conversations) is not None and not _exists(talks.path):
         for base in (scenario_dir, project_root):
-            if not talks.path.is_absolute() and (base / talks.path).exists():
+            if not talks.path.is_absolute() and _exists(base / talks.path):
                 update["conversations"] = talks.model_copy(update={"path": base / talks.path})
                 break
     workload = scenario.workload.model_copy(update=update)

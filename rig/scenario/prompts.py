@@ -28,6 +28,7 @@ _SHAREGPT_ROLES = {
     "system": "system",
 }
 _PROMPT_KEYS = ("prompt", "messages", "turns", "conversations")
+TOO_DEEP = "JSON nested too deeply to read"  # json's parser recurses once per level
 
 
 class PromptFileError(ValueError):
@@ -108,15 +109,19 @@ def load_prompts(path: Path, limit: int | None = None) -> list[Prompt]:
 
 
 def _jsonl_records(path: Path, content: str) -> list[tuple[str, int, Any]]:
-    """(place, number, decoded object) per non-blank line; numbers are 1-based line numbers."""
+    """(place, number, decoded object) per non-blank line; numbers are 1-based line numbers.
+    Lines end at "\n" only: a JSON string may hold U+2028 or U+0085 as they are, which
+    str.splitlines would take for line ends."""
     records = []
-    for number, line in enumerate(content.splitlines(), start=1):
+    for number, line in enumerate(content.split("\n"), start=1):
         if not line.strip():
             continue
         try:
             records.append((f"line {number}", number, json.loads(line)))
         except json.JSONDecodeError as exc:
             raise PromptFileError(f"{path}: line {number}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise PromptFileError(f"{path}: line {number}: {TOO_DEEP}") from None
     return records
 
 
@@ -128,6 +133,8 @@ def _json_array_records(path: Path, content: str) -> list[tuple[str, int, Any]]:
         raise PromptFileError(
             f"{path}: line {exc.lineno}: invalid JSON ({exc.msg}, column {exc.colno})"
         ) from None
+    except RecursionError:
+        raise PromptFileError(f"{path}: {TOO_DEEP}") from None
     if not isinstance(entries, list):
         raise PromptFileError(f"{path}: expected a JSON array of prompt objects")
     return [(f"entry {number}", number, entry) for number, entry in enumerate(entries, start=1)]

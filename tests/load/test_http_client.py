@@ -79,3 +79,9 @@ def test_clock_offset_comes_from_the_tightest_bracket(monkeypatch):
     monkeypatch.setattr(http_client.time, "perf_counter", lambda: next(perf_readings))
     monkeypatch.setattr(http_client.time, "time", lambda: next(wall_readings))
     assert http_client._wall_minus_perf_counter() == pytest.approx(100.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("status", [b"\xb200", b"2\xb90", b"", b"OK"])
+def test_a_status_that_is_not_ascii_digits_is_malformed(status):
+    with pytest.raises(http_client.MalformedResponse, match="not an HTTP response"):
+        _body_of(b"HTTP/1.1 " + status + b" OK\r\nContent-Length: 0\r\n\r\n", 1000)

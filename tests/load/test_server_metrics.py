@@ -57,8 +57,8 @@ def test_gdn_prefill_calls_come_from_the_rig_plugins_evidence(tmp_path):
     assert parse_server_counters(text).gdn_prefill_calls == 7
 
 
-def test_missing_counters_are_an_error():
-    with pytest.raises(ValueError, match="prefix_cache_hits_total"):
+def test_missing_counters_are_the_servers_fault_not_the_rigs():
+    with pytest.raises(MetricsUnreadable, match="prefix_cache_hits_total"):
         parse_server_counters(VLLM_METRICS.replace("hits", "misses"))
 
 
@@ -129,3 +129,22 @@ def test_a_server_that_does_not_answer_is_unreadable():
         with pytest.raises(MetricsUnreadable, match="/metrics"):
             fetch_kernel_proof(url)
         assert served_version(url) is None
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "1e400"])
+def test_a_counter_that_is_not_a_finite_number_is_left_out(value):
+    from kernels.proof import CALLS_METRIC, INFO_METRIC
+
+    plugin = (
+        f'{INFO_METRIC}{{pid="1",kernel="k"}} 1\n{CALLS_METRIC}{{pid="1",kernel="k"}} {value}\n'
+    )
+    text = VLLM_METRICS + plugin
+    assert parse_server_counters(text).gdn_prefill_calls == 0
+    assert kernel_proof_from_metrics(text).calls == 0
+
+
+@pytest.mark.parametrize("separator", ["\x1e", "\x85", "\u2028", "\x0c"])
+def test_a_line_separator_inside_a_label_value_keeps_the_sample(separator):
+    text = f'vllm:prefix_cache_hits_total{{model="a{separator}b"}} 3\n'
+    (sample,) = metric_samples(text, {"vllm:prefix_cache_hits_total"})
+    assert sample.labels == {"model": f"a{separator}b"} and sample.value == 3

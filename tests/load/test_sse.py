@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,26 @@ def test_cached_tokens_come_from_the_usage_prompt_tokens_details():
     assert record.prompt_tokens == 1400 and record.cached_tokens is None  # not reported
     with pytest.raises(MalformedStream, match="cached_tokens is str"):  # send_request's
         _accumulate(usage + b'"prompt_tokens_details": {"cached_tokens": "x"}}}\n\n')
+
+
+@pytest.mark.parametrize("name", ["token_id:--5", "token_id:\u00b2", "token_id:5\n", "token_id:"])
+def test_a_logprob_token_not_of_the_form_token_id_n_is_malformed(name):
+    message = {"choices": [{"logprobs": {"content": [{"token": name, "logprob": 0.0}]}}]}
+    record = empty_record(ServerTarget("reference", "http://127.0.0.1:1", "m"), spec(0))
+    with pytest.raises(MalformedStream, match="is not of the form 'token_id:<id>'"):
+        StreamAccumulator(record, 0.0, True).feed(f"data: {json.dumps(message)}\n\n".encode(), 1.0)
+
+
+def test_a_negative_logprob_token_id_is_read():
+    message = {"choices": [{"logprobs": {"content": [{"token": "token_id:-3", "logprob": -0.5}]}}]}
+    record = empty_record(ServerTarget("reference", "http://127.0.0.1:1", "m"), spec(0))
+    stream = StreamAccumulator(record, 0.0, True)
+    stream.feed(f"data: {json.dumps(message)}\n\n".encode(), 1.0)
+    stream.finish()
+    assert [(p.token_id, p.logprob) for p in record.logprobs] == [(-3, -0.5)]
+
+
+def test_an_event_nested_too_deeply_is_a_problem_not_an_exception():
+    record, stream = _accumulate(b"data: " + b"[" * 5000 + b"\n\n")
+    assert stream.problem.startswith("malformed_sse: event is not JSON")
+    assert record.text == ""

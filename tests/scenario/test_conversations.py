@@ -178,3 +178,44 @@ def test_the_step_budget_counts_only_the_conversations_that_can_be_in_flight():
     """C=16 over a limit of 2 conversations has 2 in flight: 2 x max_model_len is enough."""
     talks = {"conversations": {"path": str(SHIPPED), "limit": 2}, "concurrency": [16]}
     assert scenario(talks, {"min_prefix_cache_hits": 5}).workload.conversations.limit == 2
+
+
+def test_a_line_separator_inside_a_turn_is_part_of_it(tmp_path):
+    path = tmp_path / "talks.jsonl"
+    row = {"id": "a", "turns": ["one\u2028two", "three"]}
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    (talk,) = load_conversations(ConversationSource(path=path))
+    assert talk.turns == ("one\u2028two", "three")
+
+
+def test_json_nested_too_deeply_is_one_line(tmp_path):
+    path = write(tmp_path, '{"turns": ' + "[" * 5000)
+    with pytest.raises(PromptFileError, match="talks.jsonl:1: JSON nested too deeply"):
+        load_conversations(ConversationSource(path=path))
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "talks.jsonl"
+    path.write_bytes(b'{"turns": ["caf\xe9", "b"]}\n')
+    with pytest.raises(PromptFileError, match="talks.jsonl: not UTF-8 text .* at byte 15"):
+        load_conversations(ConversationSource(path=path))
+
+
+def test_a_file_that_cannot_be_read_is_one_line(tmp_path):
+    path = tmp_path / ("t" * 300)
+    with pytest.raises(PromptFileError, match="cannot read the conversation file"):
+        load_conversations(ConversationSource(path=path))
+
+
+@pytest.mark.parametrize(("key", "value"), [("system", 0), ("system", []), ("category", 5)])
+def test_a_system_or_category_that_is_not_text_is_one_line(tmp_path, key, value):
+    path = write(tmp_path, {"turns": ["a", "b"], key: value})
+    with pytest.raises(PromptFileError, match=f"talks.jsonl:1: '{key}' must be a non-empty string"):
+        load_conversations(ConversationSource(path=path))
+
+
+def test_a_null_system_is_none(tmp_path):
+    (talk,) = load_conversations(
+        ConversationSource(path=write(tmp_path, {"turns": ["a", "b"], "system": None}))
+    )
+    assert talk.system == "" and talk.messages(0, [])[0].role == "user"

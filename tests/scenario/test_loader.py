@@ -2,6 +2,7 @@
 overrides, and the model's preset underneath the file."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,42 @@ def test_invalid_yaml_gives_the_line(tmp_path):
     path = write(tmp_path, "workload:\n  prompts: [1, 2\n  concurrency: [1]\n")
     message = error_of(path)
     assert "invalid YAML at line" in message
+
+
+@pytest.mark.parametrize("text", ["description: \x1b\n", "workload: \x00\n"])
+def test_a_control_character_is_invalid_yaml_in_one_line(tmp_path, text):
+    message = error_of(write(tmp_path, text))
+    assert "special characters are not allowed" in message and "\n" not in message
+
+
+def test_a_control_character_in_a_set_value_is_one_line():
+    with pytest.raises(ScenarioError, match="not valid YAML .special characters") as caught:
+        parse_override("0=\x1b")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("preset", [["a"], {"a": 1}])
+def test_a_preset_that_is_not_a_name_is_one_line(tmp_path, preset):
+    path = write(tmp_path, {**MINIMAL, "model": {"preset": preset}})
+    with pytest.raises(ScenarioError, match="model.preset: expected a preset's name"):
+        load_scenario(path)
+
+
+@pytest.mark.parametrize("name", ["~no-such-user-here/model", "m" * 300])
+def test_a_model_name_that_cannot_be_a_folder_is_not_a_checkpoint(tmp_path, name):
+    scenario = load_scenario(write(tmp_path, {**MINIMAL, "model": {"name": name}}))
+    assert scenario.model.name == name
+
+
+def test_a_prompt_path_too_long_to_look_up_is_a_missing_file(tmp_path):
+    data = {"workload": {"prompts": [{"path": "p" * 300}], "concurrency": [1]}}
+    scenario = load_scenario(write(tmp_path, data))
+    assert scenario.workload.prompts[0].path == Path("p" * 300)
+
+
+@pytest.mark.parametrize("model", [True, 3, ["a"]])
+def test_a_model_that_is_neither_a_name_nor_a_mapping_is_one_line(tmp_path, model):
+    assert "key 'model'" in error_of(write(tmp_path, {**MINIMAL, "model": model}))
 
 
 def test_tab_indentation_is_invalid_yaml(tmp_path):

@@ -203,3 +203,21 @@ def test_prompt_file_error_is_a_value_error():
 
 
 # --- long prompts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_line_separator_inside_a_string_is_part_of_the_prompt(tmp_path, separator):
+    path = tmp_path / "p.jsonl"
+    rows = [{"id": "a", "prompt": f"one{separator}two"}, {"id": "b", "prompt": "three"}]
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
+    prompts = load_prompts(path)
+    assert [p.text for p in prompts] == [f"one{separator}two", "three"]
+    assert prompts[1].source.endswith("line 2")
+
+
+@pytest.mark.parametrize("content", ["[" * 5000, '{"prompt": ' + "[" * 5000])
+def test_json_nested_too_deeply_is_one_line(tmp_path, content):
+    path = tmp_path / "deep.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(PromptFileError, match="nested too deeply"):
+        load_prompts(path)
