@@ -13,17 +13,8 @@ from perf_control import ControlRun, checks, gdn_prediction  # noqa: E402
 
 from rig.records import REQUESTS_FILE  # noqa: E402
 from rig.report.tables import perf_table  # noqa: E402
-from rig.verdict.perf_records import (  # noqa: E402
-    NOT_JUDGED,
-    SLOWER,
-    KernelSensitivity,
-    Metric,
-    PerfResult,
-    PlantedChange,
-    PlantedShare,
-    Prediction,
-)
-from tests.perf_builders import changed, perf_level  # noqa: E402
+from rig.verdict.perf_records import NOT_JUDGED, SLOWER, Metric, PerfResult  # noqa: E402
+from tests.perf_builders import changed, perf_level, planted, sensitivity  # noqa: E402
 
 
 def test_a_run_that_compared_nothing_fails_its_check_instead_of_crashing(tmp_path):
@@ -53,16 +44,12 @@ def test_the_checks_read_a_stored_runs_perf_as_records(tmp_path):
     ttft = changed(1, Metric.MEAN_TTFT, 150.0, (100.0, 200.0), SLOWER)
     tput = changed(1, Metric.TOTAL_TOKEN_THROUGHPUT, -40.0, (-50.0, -30.0), SLOWER)
     gdn = changed(1, Metric.GDN_MS_PER_CALL, 100.0, (40.0, 160.0), NOT_JUDGED, (1.5, 3.0))
-    planted = PlantedShare(50.0, 100.0, 2.0, (PlantedChange(Metric.MEAN_TTFT, 250.0, False),))
-    predictions = (
-        Prediction(Metric.MEAN_TTFT, 160.0, ttft),
-        Prediction(Metric.TOTAL_TOKEN_THROUGHPUT, -35.0, tput),
-    )
-    sensitivity = KernelSensitivity(1, gdn, 3.0, 12.5, predictions)
+    share = planted((Metric.MEAN_TTFT, 250.0, False))
+    found = sensitivity(gdn, (160.0, ttft), (-35.0, tput))
     runs = {
-        "planted": stored_run(tmp_path, "planted", replace(perf_level(1, ttft), planted=planted)),
+        "planted": stored_run(tmp_path, "planted", replace(perf_level(1, ttft), planted=share)),
         "gpu": stored_run(
-            tmp_path, "gpu", replace(perf_level(1, ttft, tput, gdn), sensitivity=sensitivity)
+            tmp_path, "gpu", replace(perf_level(1, ttft, tput, gdn), sensitivity=found)
         ),
     }
     (planted_check, *gpu) = checks(runs, family_confidence=0.95)

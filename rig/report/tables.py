@@ -7,6 +7,7 @@ lay it out in columns."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -113,28 +114,33 @@ def _metric_columns(compared: MetricComparison) -> dict[str, object]:
     }
 
 
+def _change_columns(what: str, changes: Iterable[tuple[Metric, float, bool]]) -> dict:
+    """Per metric `<m>_<what>_pct` and whether the measured interval holds it."""
+    columns: dict[str, object] = {}
+    for metric, pct, inside in changes:
+        columns[f"{metric.value}_{what}_pct"] = pct
+        columns[f"{metric.value}_{what}_inside_ci"] = inside
+    return columns
+
+
 def _planted_columns(planted: PlantedShare) -> dict[str, object]:
-    columns: dict[str, object] = {
+    fixed = {
         "planted_delay_ms": planted.delay_ms,
         "planted_ms_per_request": planted.ms_per_request,
         "planted_calls_per_request": planted.calls_per_request,
     }
-    for change in planted.changes:
-        columns[f"{change.metric.value}_planted_pct"] = change.planted_pct
-        columns[f"{change.metric.value}_planted_inside_ci"] = change.inside_interval
-    return columns
+    changes = ((c.metric, c.planted_pct, c.inside_interval) for c in planted.changes)
+    return fixed | _change_columns("planted", changes)
 
 
 def _sensitivity_columns(found: KernelSensitivity) -> dict[str, object]:
-    columns: dict[str, object] = {
+    fixed = {
         "gdn_calls_per_request": found.calls_per_request,
         "gdn_share_pct": found.gdn_share_pct,
         "hides_kernel": found.hides_kernel,
     }
-    for prediction in found.predictions:
-        columns[f"{prediction.metric.value}_predicted_pct"] = prediction.predicted_pct
-        columns[f"{prediction.metric.value}_predicted_inside_ci"] = prediction.inside
-    return columns
+    changes = ((p.metric, p.predicted_pct, p.inside) for p in found.predictions)
+    return fixed | _change_columns("predicted", changes)
 
 
 def perf_table(perf: PerfResult) -> pd.DataFrame:

@@ -17,14 +17,12 @@ from rig.verdict.perf_records import (
     NOT_JUDGED,
     SLOWER,
     Comparison,
-    KernelSensitivity,
     Metric,
     PerfResult,
     PlantedChange,
     PlantedShare,
-    Prediction,
 )
-from tests.perf_builders import changed, perf_level
+from tests.perf_builders import changed, perf_level, sensitivity
 from tests.report_synthetic import synthetic_outcome
 from tests.verdict.test_metrics import timed
 
@@ -112,11 +110,10 @@ def test_perf_csv_reads_back_as_the_records_it_was_written_from(make_record, tmp
     odd = changed(1, Metric.MEAN_E2EL, math.nan, None, "n/a")
     gdn = changed(1, Metric.GDN_MS_PER_CALL, 100.0, (40.0, 160.0), NOT_JUDGED, (1.5, 3.0))
     planted = PlantedShare(20.0, 40.0, 2.0, (PlantedChange(Metric.MEAN_TTFT, 8.0, True),))
-    sensitivity = KernelSensitivity(1, gdn, 3.0, 12.5, (Prediction(Metric.MEAN_TTFT, 9.0, ttft),))
     level = replace(
         perf_level(1, ttft, odd, gdn, repeats=4, excluded=1),
         planted=planted,
-        sensitivity=sensitivity,
+        sensitivity=sensitivity(gdn, (9.0, ttft)),
     )
     floor = perf_level(1, replace(ttft, word=NOISE), comparison=Comparison.AA, repeats=1)
     for perf in (measured, PerfResult((level, floor))):
