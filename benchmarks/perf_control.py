@@ -44,13 +44,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rig.records import REQUESTS_FILE, ServerDelta, read_records  # noqa: E402
-from rig.report.files import perf_table  # noqa: E402
+from rig.report.markdown import delta_md  # noqa: E402
+from rig.report.tables import read_perf_table  # noqa: E402
 from rig.run.state import SERVER_COUNTERS_FILE, read_jsonl  # noqa: E402
 from rig.serve.hardware import Hardware  # noqa: E402
 from rig.verdict.intervals import TimingDesign  # noqa: E402
@@ -61,29 +60,29 @@ from rig.verdict.perf_records import (  # noqa: E402
     NOISE,
     PAIR,
     SLOWER,
-    Comparison,
+    LevelComparison,
     Metric,
+    PlantedChange,
+    Prediction,
 )
 
 SCENARIO = "scenarios/perf-control.yaml"
 COMPARISONS = ("aa", "planted", "gpu", "ns4")
 
 
-def _candidate_rows(perf: pd.DataFrame) -> pd.DataFrame:
-    """perf.csv's candidate-vs-reference rows (not the A/A floor's)."""
-    if perf.empty or "comparison" not in perf.columns:
-        return perf
-    return perf[perf["comparison"] == Comparison.CANDIDATE]
+Levels = tuple[LevelComparison, ...]
 
 
-def _delta_text(row: pd.Series, metric: str) -> str:
-    """A perf.csv row's change, interval and word for `metric`, as summary.md writes them."""
-    value = row.get(f"{metric}_change_pct")
-    if value is None or pd.isna(value):
-        return "—"
-    low, high = row.get(f"{metric}_ci_low_pct"), row.get(f"{metric}_ci_high_pct")
-    interval = "" if pd.isna(low) or pd.isna(high) else f" [{low:+.1f}, {high:+.1f}]"
-    return f"{value:+.1f} %{interval} {row.get(f'{metric}_word', '')}".rstrip()
+def _word(level: LevelComparison, metric: Metric) -> str:
+    compared = level.get(metric)
+    return compared.word if compared is not None else "no result"
+
+
+def _widest_pct(level: LevelComparison, metric: Metric) -> float:
+    """The headline interval's bound farthest from no change, in percent; inf without one."""
+    compared = level.get(metric)
+    interval = compared.interval_pct if compared is not None else None
+    return max(abs(interval[0]), abs(interval[1])) if interval else math.inf
 
 
 @dataclass(frozen=True)
@@ -101,12 +100,9 @@ class ControlRun:
         labels = {"aa": "A/A (reference vs reference)", "planted": f"planted {self.kernel}"}
         return labels.get(self.name, f"{self.kernel} vs reference")
 
-    def perf(self) -> pd.DataFrame:
-        """The run's perf.csv, candidate rows (as the run reported them)."""
-        path = self.run_dir / "perf.csv"
-        if not path.exists() or path.stat().st_size == 0:  # a run that compared nothing
-            return pd.DataFrame()
-        return _candidate_rows(pd.read_csv(path))
+    def perf(self) -> Levels:
+        """The run's perf.csv, its candidate levels (as the run reported them)."""
+        return read_perf_table(self.run_dir / "perf.csv").candidate
 
     def manifest(self) -> dict:
         path = self.run_dir / "manifest.json"
@@ -116,22 +112,20 @@ class ControlRun:
         """The run's timing design, as its own report took it (units, blocks left out)."""
         perf, manifest = self.perf(), self.manifest()
         workload = self.workload()
-        pairs = perf.loc[perf["unit"] == PAIR, "level"] if "unit" in perf else []
         sequential = workload.get("speed_resolution_pct") is not None
         return TimingDesign(
-            pair_levels=frozenset(int(level) for level in pairs),
+            pair_levels=frozenset(level.level for level in perf if level.unit == PAIR),
             excluded=frozenset(tuple(block) for block in manifest.get("excluded_blocks", [])),
             stage_one_blocks=workload.get("repeats") if sequential else None,
         )
 
-    def perf_at(self, confidence: float) -> pd.DataFrame:
+    def perf_at(self, confidence: float) -> Levels:
         """The run's comparison again from its requests, at another confidence."""
         path = self.run_dir / REQUESTS_FILE
         if not path.exists():
-            return pd.DataFrame()
+            return ()
         records = read_records(path)
-        perf = perf_result(records, confidence=confidence, timing=self.timing())
-        return _candidate_rows(perf_table(perf))
+        return perf_result(records, confidence=confidence, timing=self.timing()).candidate
 
     def workload(self) -> dict:
         """The run's resolved workload keys (scenario.resolved.json)."""
@@ -233,28 +227,25 @@ def aa_checks(run: ControlRun, family_confidence: float) -> list[tuple[bool, str
     """A/A: the run's own headline words all `within noise`; every headline interval inside
     the asked-for resolution; all 9 metrics within noise at a family-wise confidence."""
     reported = run.perf()
-    levels = int(reported["level"].nunique()) if not reported.empty else 1
+    levels = len({level.level for level in reported}) or 1
     each = per_metric_confidence(family_confidence, levels)
     family = run.perf_at(each)
     off = [text for text in (_off_noise(family, m) for m in CLIENT_METRICS) if text]
     where = f"at family-wise {family_confidence:.0%} (each interval at {each:.2%})"
     results = [
         (
-            not family.empty and not off,
+            bool(family) and not off,
             f"A/A: `within noise` on all {len(CLIENT_METRICS)} metrics {where}"
-            if not family.empty and not off
+            if family and not off
             else f"A/A: not `within noise` {where} on {', '.join(off)}",
         )
     ]
-    words = sorted({w for m in HEADLINE_METRICS for w in reported.get(f"{m}_word", ["no result"])})
+    words = sorted({_word(level, m) for m in HEADLINE_METRICS for level in reported})
+    words = words or ["no result"]
     results.append((words == [NOISE], f"A/A: the run's headline words: {', '.join(words)}"))
     target = run.resolution_pct()
-    if target is not None and not reported.empty:
-        widest = max(
-            max(abs(row[f"{m}_ci_low_pct"]), abs(row[f"{m}_ci_high_pct"]))
-            for _, row in reported.iterrows()
-            for m in HEADLINE_METRICS
-        )
+    if target is not None and reported:
+        widest = max(_widest_pct(level, m) for level in reported for m in HEADLINE_METRICS)
         inside = math.isfinite(widest) and widest <= target
         results.append(
             (
@@ -265,22 +256,25 @@ def aa_checks(run: ControlRun, family_confidence: float) -> list[tuple[bool, str
     return results
 
 
+def _planted_change(level: LevelComparison, metric: Metric) -> PlantedChange | None:
+    planted = level.planted
+    return next((c for c in planted.changes if c.metric == metric), None) if planted else None
+
+
 def planted_checks(run: ControlRun) -> list[tuple[bool, str]]:
-    perf = run.perf()
-    rows = pd.DataFrame()
-    if "planted_ms_per_request" in perf:
-        rows = perf.dropna(subset=["planted_ms_per_request"])
-    if rows.empty:
+    levels = [level for level in run.perf() if _planted_change(level, Metric.MEAN_TTFT)]
+    if not levels:
         return [(False, "planted: no planted change measured (no perf.csv or no C=1)")]
     results = []
-    for _, row in rows.iterrows():
-        slower = row["mean_ttft_ms_word"] == SLOWER
-        inside = bool(row["mean_ttft_ms_planted_inside_ci"])
+    for level in levels:
+        slower = _word(level, Metric.MEAN_TTFT) == SLOWER
+        change = _planted_change(level, Metric.MEAN_TTFT)
+        inside = change.inside_interval
         results.append(
             (
                 slower and inside,
-                f"planted: TTFT {_delta_text(row, Metric.MEAN_TTFT)}, planted "
-                f"{row['mean_ttft_ms_planted_pct']:+.1f} % "
+                f"planted: TTFT {delta_md(level.get(Metric.MEAN_TTFT))}, planted "
+                f"{change.planted_pct:+.1f} % "
                 f"{'inside' if inside else 'outside'} the interval",
             )
         )
@@ -291,22 +285,28 @@ def gpu_checks(run: ControlRun) -> list[tuple[bool, str]]:
     """The GPU-timeline slowdown: at every level TTFT `slower`, and the change the servers'
     GDN time predicts inside the measured interval (TTFT and throughput)."""
     perf = run.perf()
-    if perf.empty or "mean_ttft_ms_predicted_pct" not in perf:
+    if not any(level.sensitivity is not None for level in perf):
         return [(False, "gpu: no prediction measured (no perf.csv or no GDN time)")]
     results = []
-    for _, row in perf.iterrows():
-        slower = row["mean_ttft_ms_word"] == SLOWER
+    for level in perf:
+        slower = _word(level, Metric.MEAN_TTFT) == SLOWER
         for metric in (Metric.MEAN_TTFT, Metric.TOTAL_TOKEN_THROUGHPUT):
-            inside = bool(row.get(f"{metric}_predicted_inside_ci", False))
+            prediction = _prediction(level, metric)
+            inside = prediction is not None and prediction.inside
+            predicted = f"{prediction.predicted_pct:+.1f} %" if prediction else "nothing"
             results.append(
                 (
                     slower and inside,
-                    f"gpu: C={int(row['level'])} {metric} {_delta_text(row, metric)}, predicted "
-                    f"{row[f'{metric}_predicted_pct']:+.1f} % "
-                    f"{'inside' if inside else 'outside'} the interval",
+                    f"gpu: C={level.level} {metric} {delta_md(level.get(metric))}, predicted "
+                    f"{predicted} {'inside' if inside else 'outside'} the interval",
                 )
             )
     return results
+
+
+def _prediction(level: LevelComparison, metric: Metric) -> Prediction | None:
+    found = level.sensitivity
+    return next((p for p in found.predictions if p.metric == metric), None) if found else None
 
 
 def checks(runs: dict[str, ControlRun], family_confidence: float) -> list[tuple[bool, str]]:
@@ -321,26 +321,33 @@ def checks(runs: dict[str, ControlRun], family_confidence: float) -> list[tuple[
     return results
 
 
-def _off_noise(perf: pd.DataFrame, metric: str) -> str | None:
-    """`metric (word)` when its word is not `within noise` in some row, else None."""
-    words = set(perf[f"{metric}_word"]) if not perf.empty else {"no result"}
+def _off_noise(perf: Levels, metric: Metric) -> str | None:
+    """`metric (word)` when its word is not `within noise` at some level, else None."""
+    words = {_word(level, metric) for level in perf} or {"no result"}
     return None if words == {NOISE} else f"{metric} ({'/'.join(sorted(words))})"
 
 
-def gdn_prediction(row: pd.Series) -> str:
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.1f} %"
+
+
+def gdn_prediction(level: LevelComparison) -> str:
     """What the servers' own GDN time predicts (the run's perf.csv, rig/verdict/sensitivity.py)
     beside what was measured."""
-    ref, cand = row.get("gdn_ms_per_call_reference"), row.get("gdn_ms_per_call_candidate")
-    predicted = row.get(f"{Metric.MEAN_TTFT}_predicted_pct")
-    if predicted is None or pd.isna(predicted) or pd.isna(ref) or pd.isna(cand):
+    found = level.sensitivity
+    ttft = _prediction(level, Metric.MEAN_TTFT)
+    if found is None or ttft is None:
         return ""
+    kernel = found.kernel
     throughput = Metric.TOTAL_TOKEN_THROUGHPUT
-    hides = " — this configuration hides the kernel" if row.get("hides_kernel") is True else ""
+    predicted = _prediction(level, throughput)
+    hides = " — this configuration hides the kernel" if found.hides_kernel else ""
     return (
-        f"GDN {ref:.3f} → {cand:.3f} ms per call x {row['gdn_calls_per_request']:.2f} calls per "
-        f"request ({row['gdn_share_pct']:.1f} % of the reference's time) predicts TTFT "
-        f"{predicted:+.1f} %, throughput {row[f'{throughput}_predicted_pct']:+.1f} %; measured "
-        f"TTFT {_delta_text(row, Metric.MEAN_TTFT)}, throughput {_delta_text(row, throughput)}"
+        f"GDN {kernel.reference:.3f} → {kernel.candidate:.3f} ms per call x "
+        f"{found.calls_per_request:.2f} calls per request ({found.gdn_share_pct:.1f} % of the "
+        f"reference's time) predicts TTFT {ttft.predicted_pct:+.1f} %, throughput "
+        f"{_pct(predicted.predicted_pct if predicted else None)}; measured TTFT "
+        f"{delta_md(level.get(Metric.MEAN_TTFT))}, throughput {delta_md(level.get(throughput))}"
         f"{hides}"
     )
 
@@ -390,7 +397,7 @@ def render_summary(
         "",
     ]
     frames = {name: run.perf() for name, run in runs.items()}
-    levels = sorted({int(level) for frame in frames.values() for level in frame.get("level", [])})
+    levels = sorted({level.level for frame in frames.values() for level in frame})
     header = "| metric | C | " + " | ".join(run.label for run in runs.values()) + " |"
     lines += [header, "|---|---:|" + "---|" * len(runs)]
     for metric in (
@@ -402,35 +409,36 @@ def render_summary(
         for level in levels:
             cells = []
             for frame in frames.values():
-                rows = frame[frame["level"] == level] if not frame.empty else frame
-                cells.append(_delta_text(rows.iloc[0], metric) if not rows.empty else "(no result)")
+                found = next((lc for lc in frame if lc.level == level), None)
+                cells.append(delta_md(found.get(metric)) if found else "(no result)")
             lines.append(f"| {metric} | {level} | " + " | ".join(cells) + " |")
     lines += ["", "Blocks per level (unit; left out for a JIT compilation):", ""]
     for name, frame in frames.items():
         blocks = "; ".join(
-            f"C={int(row['level'])}: {int(row['repeats'])} ({row.get('unit', 'block')}; "
-            f"{int(row.get('excluded_blocks', 0) or 0)} left out)"
-            for _, row in frame.iterrows()
+            f"C={level.level}: {level.repeats} ({level.unit}; {level.excluded_blocks} left out)"
+            for level in frame
         )
         lines.append(f"- {name}: {blocks or 'none'}")
-    planted = frames.get("planted")
-    if planted is not None and "planted_ms_per_request" in planted:
-        for _, row in planted.dropna(subset=["planted_ms_per_request"]).iterrows():
-            lines += [
-                "",
-                f"Planted at C={int(row['level'])}: {row['planted_calls_per_request']:.2f} GDN "
-                f"prefill calls per request (counted on the candidate's /metrics) x "
-                f"{row['planted_delay_ms']:g} ms = {row['planted_ms_per_request']:.1f} ms per "
-                f"request: {row['mean_ttft_ms_planted_pct']:+.1f} % of the reference's mean "
-                f"TTFT, {row['mean_e2el_ms_planted_pct']:+.1f} % of its mean E2EL.",
-            ]
+    for level in frames.get("planted", ()):
+        planted = level.planted
+        if planted is None:
+            continue
+        ttft, e2el = (_planted_change(level, m) for m in (Metric.MEAN_TTFT, Metric.MEAN_E2EL))
+        lines += [
+            "",
+            f"Planted at C={level.level}: {planted.calls_per_request:.2f} GDN "
+            f"prefill calls per request (counted on the candidate's /metrics) x "
+            f"{planted.delay_ms:g} ms = {planted.ms_per_request:.1f} ms per "
+            f"request: {_pct(ttft.planted_pct if ttft else None)} of the reference's mean "
+            f"TTFT, {_pct(e2el.planted_pct if e2el else None)} of its mean E2EL.",
+        ]
     for name in ("gpu", "ns4"):
         if name not in runs:
             continue
-        for _, row in frames[name].iterrows():
-            prediction = gdn_prediction(row)
+        for level in frames[name]:
+            prediction = gdn_prediction(level)
             if prediction:
-                lines += ["", f"{name} at C={int(row['level'])}: {prediction}."]
+                lines += ["", f"{name} at C={level.level}: {prediction}."]
     lines += ["", "Speed lines:", ""]
     for name, run in runs.items():
         lines.append(f"- {name}: {run.manifest().get('speed', '(no report)')}")

@@ -1,8 +1,9 @@
 """The layout says the pipeline: packages import only from the stages before them, no module
 imports itself round a cycle, no module outgrows one sitting (400 lines), every rig module has
 its mirrored tests/<package>/test_<module>.py (but those UNMIRRORED names), and each stage does
-its own job: HTTP on the wire only in load/ (and serve/'s health checks), tables (pandas) only
-in verdict/ and report/, report/ renders what verdict/ hands it, verdict/ does no network I/O."""
+its own job: HTTP on the wire only in load/ (and serve/'s health checks), pandas only where the
+typed records become CSV tables (report/tables.py), report/ renders what verdict/ hands it,
+verdict/ does no network I/O."""
 
 from __future__ import annotations
 
@@ -39,7 +40,10 @@ HEALTH_CHECKS = {
     "rig.serve.servers": "polls GET /health until a server it started is ready",
     "rig.serve.preflight": "HEAD of the hub's model page: can the model be fetched at all",
 }
-TABLE_STAGES = ("rig.verdict", "rig.report")  # pandas: the verdict's frames and their rendering
+# The only rig modules that may import pandas, and why: everything else passes typed records.
+TABLE_MODULES = {
+    "rig.report.tables": "lays the typed records out as the CSV files, reads perf.csv back",
+}
 REPORT_INPUTS = (
     "rig.records",
     "rig.manifest_record",
@@ -170,16 +174,22 @@ def test_the_named_health_checks_exist_and_need_their_exception():
         assert _uses(modules[module].read_text(encoding="utf-8"), HTTP_LIBRARIES), module
 
 
-def test_pandas_only_in_verdict_and_report():
-    """Tables are the verdict's frames and their rendering. kernels/ is a package of its own:
-    its kernel-level checks print their own tables."""
+def test_pandas_only_at_the_csv_edge():
+    """The verdict computes typed records and the report renders their fields; pandas only lays
+    them out as CSV at the edge. kernels/ is a package of its own: its kernel-level checks
+    print their own tables."""
     found = [
         module
         for module, path in _stage_modules("rig").items()
-        if _uses(path.read_text(encoding="utf-8"), ("pandas",))
-        and not _within(module, TABLE_STAGES)
+        if _uses(path.read_text(encoding="utf-8"), ("pandas",)) and module not in TABLE_MODULES
     ]
     assert not found
+
+
+def test_the_named_table_modules_exist_and_need_their_exception():
+    modules = _modules()
+    for module in TABLE_MODULES:
+        assert _uses(modules[module].read_text(encoding="utf-8"), ("pandas",)), module
 
 
 def test_report_renders_only_what_verdict_hands_it():

@@ -7,9 +7,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from perf_control import ControlRun, checks  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from perf_control import ControlRun, checks, gdn_prediction  # noqa: E402
 
 from rig.records import REQUESTS_FILE  # noqa: E402
+from rig.report.tables import perf_table  # noqa: E402
+from rig.verdict.perf_records import NOT_JUDGED, SLOWER, Metric, PerfResult  # noqa: E402
+from tests.perf_builders import changed, perf_level, planted, sensitivity  # noqa: E402
 
 
 def test_a_run_that_compared_nothing_fails_its_check_instead_of_crashing(tmp_path):
@@ -20,7 +25,39 @@ def test_a_run_that_compared_nothing_fails_its_check_instead_of_crashing(tmp_pat
     (run_dir / "perf.csv").write_text("")
     (run_dir / REQUESTS_FILE).write_text("")
     run = ControlRun("aa", None, returncode=1, run_dir=run_dir, wall_s=1.0)
-    assert run.perf().empty
+    assert run.perf() == ()
     results = checks({"aa": run}, family_confidence=0.95)
     assert results and not any(passed for passed, _ in results)
     assert "no result" in results[0][1]
+
+
+def stored_run(tmp_path, name, *levels):
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    perf_table(PerfResult(levels)).to_csv(run_dir / "perf.csv", index=False)
+    return ControlRun(name, "k", returncode=0, run_dir=run_dir, wall_s=1.0)
+
+
+def test_the_checks_read_a_stored_runs_perf_as_records(tmp_path):
+    """perf.csv read back as typed records: the planted change beside its interval, and the
+    change the GDN time predicts beside the measured one, as the run wrote them."""
+    ttft = changed(1, Metric.MEAN_TTFT, 150.0, (100.0, 200.0), SLOWER)
+    tput = changed(1, Metric.TOTAL_TOKEN_THROUGHPUT, -40.0, (-50.0, -30.0), SLOWER)
+    gdn = changed(1, Metric.GDN_MS_PER_CALL, 100.0, (40.0, 160.0), NOT_JUDGED, (1.5, 3.0))
+    share = planted((Metric.MEAN_TTFT, 250.0, False))
+    found = sensitivity(gdn, (160.0, ttft), (-35.0, tput))
+    runs = {
+        "planted": stored_run(tmp_path, "planted", replace(perf_level(1, ttft), planted=share)),
+        "gpu": stored_run(
+            tmp_path, "gpu", replace(perf_level(1, ttft, tput, gdn), sensitivity=found)
+        ),
+    }
+    (planted_check, *gpu) = checks(runs, family_confidence=0.95)
+    assert planted_check == (
+        False,
+        "planted: TTFT +150.0 % [+100.0, +200.0] slower, planted +250.0 % outside the interval",
+    )
+    assert [passed for passed, _ in gpu] == [True, True]
+    assert "predicted -35.0 % inside the interval" in gpu[1][1]
+    (level,) = runs["gpu"].perf()
+    assert gdn_prediction(level).startswith("GDN 1.500 → 3.000 ms per call x 3.00 calls")

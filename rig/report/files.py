@@ -10,25 +10,24 @@ The verdict comes first everywhere; the evidence follows.
 from __future__ import annotations
 
 import json
-import math
 import re
 import shutil
 import xml.etree.ElementTree as ET
 from dataclasses import asdict
 from pathlib import Path
 
-import pandas as pd
-
 from rig.report.html import render_html
 from rig.report.markdown import render_markdown
 from rig.report.mismatches import Decode
+from rig.report.tables import (
+    drift_table,
+    mismatches_table,
+    perf_table,
+    requests_table,
+    summary_table,
+)
 from rig.verdict.compare import PairResult
-from rig.verdict.drift import DriftResult
-from rig.verdict.metrics import bench_results
 from rig.verdict.outcome import RunOutcome
-from rig.verdict.perf_records import MetricComparison, PerfResult, PlantedShare
-from rig.verdict.sensitivity import KernelSensitivity
-from rig.verdict.speed import speed_headline
 
 REPORT_FILES = (
     "requests.csv",
@@ -41,97 +40,6 @@ REPORT_FILES = (
     "junit.xml",
     "manifest.json",
 )
-
-
-def seeds_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Per level and side: requests ok, matches, mean TTFT, mean latency, throughput."""
-    if summary.empty:
-        return pd.DataFrame()
-    means = summary.groupby(["level", "side"], sort=True).agg(
-        requests=("requests", "sum"),
-        completed=("completed", "sum"),
-        mean_ttft_ms=("mean_ttft_ms", "mean"),
-        mean_e2el_ms=("mean_e2el_ms", "mean"),
-        total_token_throughput=("total_token_throughput", "mean"),
-        output_throughput=("output_throughput", "mean"),
-    )
-    if "matches" in summary.columns:
-        means["matches"] = summary.groupby(["level", "side"])["matches"].sum(min_count=1)
-    return means.reset_index()
-
-
-def _metric_columns(compared: MetricComparison) -> dict[str, object]:
-    """One metric's perf.csv columns: each side's mean (a server metric), the ratio and its
-    interval, the same as percent change, and the word."""
-    stem = compared.metric.value
-    low, high = compared.interval or (math.nan, math.nan)
-    low_pct, high_pct = compared.interval_pct or (math.nan, math.nan)
-    sides = (
-        {f"{stem}_reference": compared.reference, f"{stem}_candidate": compared.candidate}
-        if compared.metric.server_side
-        else {}
-    )
-    return sides | {
-        f"{stem}_ratio": compared.ratio,
-        f"{stem}_ci_low": low,
-        f"{stem}_ci_high": high,
-        f"{stem}_change_pct": compared.change_pct,
-        f"{stem}_ci_low_pct": low_pct,
-        f"{stem}_ci_high_pct": high_pct,
-        f"{stem}_word": compared.word,
-    }
-
-
-def _planted_columns(planted: PlantedShare) -> dict[str, object]:
-    columns: dict[str, object] = {
-        "planted_delay_ms": planted.delay_ms,
-        "planted_ms_per_request": planted.ms_per_request,
-        "planted_calls_per_request": planted.calls_per_request,
-    }
-    for change in planted.changes:
-        columns[f"{change.metric.value}_planted_pct"] = change.planted_pct
-        columns[f"{change.metric.value}_planted_inside_ci"] = change.inside_interval
-    return columns
-
-
-def _sensitivity_columns(found: KernelSensitivity) -> dict[str, object]:
-    columns: dict[str, object] = {
-        "gdn_calls_per_request": found.calls_per_request,
-        "gdn_share_pct": found.gdn_share_pct,
-        "hides_kernel": found.hides_kernel,
-    }
-    for prediction in found.predictions:
-        columns[f"{prediction.metric.value}_predicted_pct"] = prediction.predicted_pct
-        columns[f"{prediction.metric.value}_predicted_inside_ci"] = prediction.inside
-    return columns
-
-
-def perf_table(perf: PerfResult) -> pd.DataFrame:
-    """perf.csv, rendered from the typed records: one row per level and comparison, per metric
-    `<m>_ratio` (candidate / reference), its interval `<m>_ci_low` / `<m>_ci_high`, the same
-    as percent change (`<m>_change_pct`, `<m>_ci_low_pct`, `<m>_ci_high_pct`) and `<m>_word`;
-    a server metric also each side's mean (`<m>_reference`, `<m>_candidate`); a planted
-    slowdown what it planted; what the kernel's own time predicts (`<m>_predicted_pct`,
-    `hides_kernel`: rig/verdict/sensitivity.py)."""
-    rows = []
-    for level in perf.levels:
-        row: dict[str, object] = {
-            "comparison": level.comparison.value,
-            "level": level.level,
-            "unit": level.unit,
-            "repeats": level.repeats,
-            "excluded_blocks": level.excluded_blocks,
-            "requests": level.requests,
-            "unequal_pairs": level.unequal_pairs,
-        }
-        for compared in level.metrics:
-            row |= _metric_columns(compared)
-        if level.planted is not None:
-            row |= _planted_columns(level.planted)
-        if level.sensitivity is not None:
-            row |= _sensitivity_columns(level.sensitivity)
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def render_junit(outcome: RunOutcome) -> bytes:
@@ -190,10 +98,6 @@ def _gating(pair: PairResult) -> list[str]:
     return [f"{p.side} {p.kind}: {p.detail}" for p in pair.gating_pathologies]
 
 
-def drift_frame(drift: list[DriftResult]) -> pd.DataFrame:
-    return pd.DataFrame([asdict(d) for d in drift])
-
-
 def remove_report(run_dir: Path) -> None:
     """Take away a report whose writing was cut short: a run folder holds a whole report or none."""
     for name in REPORT_FILES:
@@ -206,25 +110,24 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     places tokens in report.html; without it the page shows token ids."""
     out = outcome.run_dir
     out.mkdir(parents=True, exist_ok=True)
-    requests, summary = outcome.requests, outcome.summary
-    perf = outcome.perf
-    table = seeds_table(summary)
-    drift = drift_frame(outcome.drift)
-    mismatches = pd.DataFrame([p.as_row() for p in outcome.pairs if not p.identical])
     paths = {name: out / name for name in REPORT_FILES}
-    requests.to_csv(paths["requests.csv"], index=False)
-    summary.to_csv(paths["summary.csv"], index=False)
-    perf_table(perf).to_csv(paths["perf.csv"], index=False)
+    tables = {
+        "requests.csv": requests_table(outcome.records),
+        "summary.csv": summary_table(outcome.blocks),
+        "perf.csv": perf_table(outcome.perf),
+        "mismatches.csv": mismatches_table(outcome.pairs),
+        "drift.csv": drift_table(outcome.drift),
+    }
+    for name, frame in tables.items():
+        frame.to_csv(paths[name], index=False)
     bench = out / "bench"
     bench.mkdir(exist_ok=True)
-    for name, result in bench_results(outcome.records, summary, outcome.manifest).items():
+    for name, result in outcome.bench.items():
         (bench / name).write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
-    mismatches.to_csv(paths["mismatches.csv"], index=False)
-    drift.to_csv(paths["drift.csv"], index=False)
     paths["summary.md"].write_text(
-        render_markdown(outcome, table), encoding="utf-8", errors="backslashreplace"
+        render_markdown(outcome), encoding="utf-8", errors="backslashreplace"
     )
-    page = render_html(outcome, summary, perf, decode)
+    page = render_html(outcome, decode)
     paths["report.html"].write_text(page, encoding="utf-8", errors="backslashreplace")
     paths["junit.xml"].write_bytes(render_junit(outcome))
     manifest = outcome.manifest.to_json()
@@ -238,7 +141,8 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
         },
         kernels={side: asdict(k) for side, k in outcome.kernels.items()},
         timings=outcome.timings,
-        speed=speed_headline(perf, outcome.speed),
+        speed=outcome.speed_line,
+        prefix_hits_by_turn=[asdict(turn) for turn in outcome.turn_hits],
         self_check=outcome.self_check.counts.as_dict() if outcome.self_check else None,
         error=outcome.error,
         exit_code=int(outcome.verdict.exit_code(outcome.error)),

@@ -8,13 +8,11 @@ import html
 import math
 from collections.abc import Sequence
 
-import pandas as pd
-
 DASH = "—"
 
 
 def missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def number(value: float | None, unit: str = "", digits: int | None = None) -> str:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-import pandas as pd
-
 from rig.report.assets import POLICY, SCRIPT, STYLE
 from rig.report.format import cell, check, esc, number, table
 from rig.report.levels import levels_section
@@ -25,9 +23,7 @@ from rig.report.plots import drift_figure, margin_figure, side_margins
 from rig.report.prefix_hits import hits_html
 from rig.verdict.gates import VerdictWord
 from rig.verdict.initial_state import ChunkedPrefill
-from rig.verdict.perf_records import PerfResult
 from rig.verdict.prefix_hits import PREFIX_GATE
-from rig.verdict.speed import speed_headline
 
 # --- verdict, gates, A/A floor, proofs -----------------------------------------------------
 
@@ -53,22 +49,6 @@ def navigation(outcome) -> str:
     return f'<nav id="top" class="sections">{items}</nav>'
 
 
-def headline_texts(outcome) -> list[str]:
-    """The speed line, what the kernel's own time predicts at each level, the kind of
-    comparison, the reference's source, the candidate self-check: under the word."""
-    perf = outcome.perf if outcome.perf is not None else PerfResult()
-    timing = f"timing: {outcome.load_schedule}" if outcome.load_schedule else ""
-    texts = [
-        speed_headline(perf, outcome.speed),
-        *(lc.sensitivity.describe() for lc in perf.candidate if lc.sensitivity is not None),
-        timing,
-        outcome.comparison,
-        outcome.reference_source,
-        outcome.self_check.describe() if outcome.self_check is not None else "",
-    ]
-    return [text for text in texts if text]
-
-
 def verdict_section(outcome) -> str:
     verdict = outcome.verdict
     c = verdict.counts
@@ -85,7 +65,7 @@ def verdict_section(outcome) -> str:
     ]
     if outcome.error:
         lines.append(f'<p class="error">Run error: {esc(outcome.error)}</p>')
-    lines += [f'<p class="headline">{esc(line)}</p>' for line in headline_texts(outcome)]
+    lines += [f'<p class="headline">{esc(line)}</p>' for line in outcome.headline]
     lines += [f"<p>{esc(note)}</p>" for note in verdict.notes]
     lines.append("</header>")
     rows = [
@@ -185,7 +165,7 @@ def evidence_section(outcome) -> str:
         )
     cache = outcome.server_deltas
     hits = sum(p.hits for p in cache)
-    turns = hits_html(outcome.records)
+    turns = hits_html(outcome.turn_hits, outcome.records)
     gate = next((g for g in outcome.verdict.gates if g.name == PREFIX_GATE), None)
     meaning = (
         f"conversation turns hit by design; {esc(gate.detail) if gate else 'no gate'}"
@@ -326,9 +306,7 @@ def facts_section(outcome) -> str:
     )
 
 
-def render_html(
-    outcome, summary: pd.DataFrame, perf: PerfResult, decode: Decode | None = None
-) -> str:
+def render_html(outcome, decode: Decode | None = None) -> str:
     """The whole page; `decode` turns token ids into text to name and place tokens."""
     return "\n".join(
         [
@@ -342,7 +320,7 @@ def render_html(
             navigation(outcome),
             verdict_section(outcome),
             mismatches_section(outcome, decode),
-            levels_section(outcome, summary, perf),
+            levels_section(outcome),
             drift_section(outcome),
             floor_section(outcome),
             evidence_section(outcome),

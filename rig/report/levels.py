@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import re
 
-import pandas as pd
-
 from rig.records import RequestRecord, Side
 from rig.report.format import DASH, cell, esc, missing, number, table
 from rig.report.plots import curve_figure, level_figure
+from rig.verdict.metrics import BlockSummary, LevelSide
 from rig.verdict.perf_records import (
     CLIENT_METRICS,
     HEADLINE_METRICS,
@@ -20,43 +19,36 @@ from rig.verdict.perf_records import (
     PerfResult,
 )
 
-# (column of summary.csv, header, unit) of the per-level table
+# (header, unit, the block's number) of the per-level table
 LEVEL_COLUMNS = (
-    ("mean_ttft_ms", "TTFT mean", "ms"),
-    ("p99_ttft_ms", "TTFT p99", "ms"),
-    ("mean_itl_ms", "ITL mean", "ms"),
-    ("p99_itl_ms", "ITL p99", "ms"),
-    ("mean_e2el_ms", "E2EL mean", "ms"),
-    ("p99_e2el_ms", "E2EL p99", "ms"),
-    ("output_throughput", "output", "tok/s"),
-    ("total_token_throughput", "total", "tok/s"),
+    ("TTFT mean", "ms", lambda b: b.ttft.mean),
+    ("TTFT p99", "ms", lambda b: b.ttft.p99),
+    ("ITL mean", "ms", lambda b: b.itl.mean),
+    ("ITL p99", "ms", lambda b: b.itl.p99),
+    ("E2EL mean", "ms", lambda b: b.e2el.mean),
+    ("E2EL p99", "ms", lambda b: b.e2el.p99),
+    ("output", "tok/s", lambda b: b.output_throughput),
+    ("total", "tok/s", lambda b: b.total_token_throughput),
 )
 
 
-def _spread(values: pd.Series) -> float | None:
-    values = values.dropna()
-    if len(values) < 2 or values.mean() == 0:
-        return None
-    return float((values.max() - values.min()) / abs(values.mean()) * 100.0)
+def _throughput(block: BlockSummary) -> float:
+    return block.total_token_throughput
 
 
-def _level_row(level: int, side: str, group: pd.DataFrame) -> str:
+def _level_row(found: LevelSide) -> str:
     """One side at one level; with repeats the mean over repeats and the spread below it."""
-    cells = cell(level, level, "num") + cell(side, cls="nowrap")
-    requests, ok = int(group["requests"].sum()), int(group["completed"].sum())
+    cells = cell(found.level, found.level, "num") + cell(found.side, cls="nowrap")
+    requests, ok = found.requests, found.completed
     cells += cell(f"{ok:,}/{requests:,}", ok, "num" + ("" if ok == requests else " bad"))
-    if "matches" in group.columns and side == Side.CANDIDATE:
-        matches, pairs = group["matches"].sum(min_count=1), group["pairs"].sum(min_count=1)
-        text = DASH if missing(matches) else f"{int(matches):,}/{int(pairs):,}"
-        cells += cell(text, matches, "num")
+    matches = found.matches
+    if found.side == Side.CANDIDATE and matches is not None:
+        cells += cell(f"{matches:,}/{found.pairs:,}", matches, "num")
     else:
         cells += cell(DASH, None, "num")
-    for column, _, unit in LEVEL_COLUMNS:
-        if column not in group.columns:
-            cells += cell(DASH, None, "num")
-            continue
-        mean = group[column].mean()
-        spread = _spread(group[column])
+    for _, unit, value in LEVEL_COLUMNS:
+        mean = found.mean(value)
+        spread = found.spread(value)
         extra = f"<small>spread {number(spread, '%', 1)}</small>" if spread is not None else ""
         cells += cell(esc(number(mean, unit)) + extra, mean, "num", raw=True)
     return cells
@@ -136,21 +128,25 @@ def _interval_note(outcome, perf: PerfResult) -> str:
     )
 
 
-def _curve_points(summary: pd.DataFrame) -> dict[str, list[tuple[int, float, float, float]]]:
-    means = summary.groupby(["side", "level"])[
-        ["total_token_throughput", "mean_ttft_ms", "mean_e2el_ms"]
-    ].mean()
+def _curve_points(
+    levels: tuple[LevelSide, ...],
+) -> dict[str, list[tuple[int, float, float, float]]]:
+    """Per side, by level: the mean total throughput, TTFT and E2EL over the repeats."""
     points: dict[str, list[tuple[int, float, float, float]]] = {}
-    for (side, level), row in means.iterrows():
-        values = (row["total_token_throughput"], row["mean_ttft_ms"], row["mean_e2el_ms"])
-        if all(pd.notna(v) for v in values):
-            points.setdefault(side, []).append((int(level), *(float(v) for v in values)))
+    for found in sorted(levels, key=lambda ls: (ls.side, ls.level)):
+        values = tuple(
+            found.mean(value)
+            for value in (_throughput, lambda b: b.ttft.mean, lambda b: b.e2el.mean)
+        )
+        if not any(missing(v) for v in values):
+            points.setdefault(found.side, []).append((found.level, *values))
     return points
 
 
-def levels_section(outcome, summary: pd.DataFrame, perf: PerfResult) -> str:
+def levels_section(outcome) -> str:
+    perf: PerfResult = outcome.perf
     parts = ['<section id="levels"><h2>Per level</h2>']
-    if summary.empty:
+    if not outcome.blocks:
         parts.append("<p>No request finished.</p></section>")
         return "\n".join(parts)
     if perf.levels:
@@ -174,15 +170,12 @@ def levels_section(outcome, summary: pd.DataFrame, perf: PerfResult) -> str:
                 "candidate, and the change with its interval (not judged).</p>",
                 servers,
             ]
-    rows = [
-        _level_row(level, side, group)
-        for (level, side), group in summary.groupby(["level", "side"], sort=True)
-    ]
+    rows = [_level_row(found) for found in outcome.level_sides]
     headers = ["level", "side", "ok", "identical"] + [
-        f"{name} ({unit})" for _, name, unit in LEVEL_COLUMNS
+        f"{name} ({unit})" for name, unit, _ in LEVEL_COLUMNS
     ]
     parts += ["<h3>Latency and throughput</h3>", table(headers, rows)]
-    curve = curve_figure(_curve_points(summary))
+    curve = curve_figure(_curve_points(outcome.level_sides))
     if curve:
         parts.append(
             f'<figure><img alt="throughput against latency across the levels" '
@@ -196,12 +189,11 @@ def levels_section(outcome, summary: pd.DataFrame, perf: PerfResult) -> str:
             by_level.setdefault(record.level, {}).setdefault(record.side, []).append(record)
     for level in sorted(by_level):
         sides = dict(sorted(by_level[level].items(), key=lambda item: item[0] != Side.REFERENCE))
-        level_rows = summary[summary["level"] == level]
+        found = {ls.side: ls for ls in outcome.level_sides if ls.level == level}
         throughput = {
-            side: level_rows[level_rows["side"] == side]["total_token_throughput"].tolist()
-            for side in sides
+            side: found[side].values(_throughput) if side in found else [] for side in sides
         }
-        repeats = int(level_rows["repeat"].nunique()) if "repeat" in level_rows else 1
+        repeats = len({b.repeat for ls in found.values() for b in ls.blocks}) or 1
         png = level_figure(sides, throughput)
         parts.append(
             f'<figure><img alt="latency distributions and throughput at concurrency {level}" '

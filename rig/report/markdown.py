@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import re
 
-import pandas as pd
-
 from rig.records import Side
 from rig.report.format import DASH, check, missing, number
-from rig.report.html import headline_texts
 from rig.report.mismatches import mismatch_order
 from rig.report.prefix_hits import hits_markdown
 from rig.verdict.compare import PairResult
 from rig.verdict.gates import SideKernel, Verdict
+from rig.verdict.metrics import LevelSide
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf_records import SERVER_METRICS, Metric, MetricComparison, PerfResult
 
@@ -90,7 +88,7 @@ def delta_md(compared: MetricComparison | None) -> str:
     return f"{text} {compared.word}".rstrip()
 
 
-def _level_lines(table: pd.DataFrame, perf: PerfResult) -> list[str]:
+def _level_lines(levels: tuple[LevelSide, ...], perf: PerfResult) -> list[str]:
     """One Markdown row per level and side."""
     header = [
         "| level | side | ok | identical | TTFT mean | E2EL mean | total tok/s "
@@ -98,17 +96,19 @@ def _level_lines(table: pd.DataFrame, perf: PerfResult) -> list[str]:
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows = []
-    for _, row in table.iterrows():
-        matches = row.get("matches")
-        candidate = row["side"] == Side.CANDIDATE
+    for found in levels:
+        matches = found.matches
+        candidate = found.side == Side.CANDIDATE
         ttft, e2el, tokens = (
-            delta_md(perf.get(int(row["level"]), m) if candidate else None) for m in ROW_DELTAS
+            delta_md(perf.get(found.level, m) if candidate else None) for m in ROW_DELTAS
         )
         rows.append(
-            f"| {row['level']} | {row['side']} | {int(row['completed'])}/{int(row['requests'])} "
-            f"| {DASH if missing(matches) or row['side'] != 'candidate' else int(matches)} "
-            f"| {number(row['mean_ttft_ms'], 'ms')} | {number(row['mean_e2el_ms'], 'ms')} "
-            f"| {number(row['total_token_throughput'])} | {ttft} | {e2el} | {tokens} |"
+            f"| {found.level} | {found.side} | {found.completed}/{found.requests} "
+            f"| {DASH if matches is None or not candidate else matches} "
+            f"| {number(found.mean(lambda b: b.ttft.mean), 'ms')} "
+            f"| {number(found.mean(lambda b: b.e2el.mean), 'ms')} "
+            f"| {number(found.mean(lambda b: b.total_token_throughput))} "
+            f"| {ttft} | {e2el} | {tokens} |"
         )
     return header + rows
 
@@ -154,7 +154,7 @@ def _initial_state_text(kernel: SideKernel) -> str:
     return f"; {counts.sequences} of {counts.all_sequences} sequences from a non-zero state"
 
 
-def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
+def render_markdown(outcome: RunOutcome) -> str:
     """summary.md: verdict, gates, per-level table and the first mismatches, never longer
     than a pull-request comment may be, whatever the size of the run."""
     head = [f"## rig: {outcome.scenario_name} ({outcome.run_id})", ""]
@@ -162,7 +162,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
         first, *more = outcome.error.strip().splitlines() or [""]
         rest = f" (+{len(more)} lines in manifest.json)" if more else ""
         head += [_clip(f"**Run error:** {_md_text(first)}") + rest, ""]
-    head += _verdict_lines(outcome.verdict, [_md_text(t) for t in headline_texts(outcome)])
+    head += _verdict_lines(outcome.verdict, [_md_text(t) for t in outcome.headline])
     kernels = ", ".join(
         f"{k.side}: {k.kernel} ({k.calls} prefill calls{_initial_state_text(k)})"
         for k in outcome.kernels.values()
@@ -175,11 +175,12 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     head += _server_lines(perf)
     head += _aa_floor_lines(perf)
     head += _planted_lines(perf)
-    head += hits_markdown(outcome.records)
+    head += hits_markdown(outcome.turn_hits)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]
     budget = SUMMARY_MD_LIMIT - sum(len(line) + 1 for line in head + footer) - 1
-    level_lines = _level_lines(table, perf) if not table.empty else ["(no request finished)"]
+    sides = outcome.level_sides
+    level_lines = _level_lines(sides, perf) if sides else ["(no request finished)"]
     listed = [_mismatch_line(p) for p in mismatched[:MISMATCHES_LISTED]]
     more = len(mismatched) - len(listed)
     if more:

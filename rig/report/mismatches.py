@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import pandas as pd
 
 from rig.records import RequestRecord, Side
 from rig.report.format import DASH, cell, esc, number
@@ -208,8 +207,8 @@ def mismatches_section(outcome, decode: Decode | None) -> str:
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     categories = getattr(outcome, "prompt_categories", None) or {}
     records = {(r.side, r.request_id): r for r in outcome.records}
-    counts = pd.Series([label(p) for p in mismatched], dtype=object).value_counts()
-    tally = ", ".join(f"{n} {k}" for k, n in counts.items()) or "none"
+    counts = Counter(label(p) for p in mismatched).most_common()  # ties in order of severity
+    tally = ", ".join(f"{n} {k}" for k, n in counts) or "none"
     parts = [
         f'<section id="mismatches"><h2>Mismatches ({len(mismatched):,})</h2><p>{esc(tally)}. '
         "Substantive first; each card shows both completions with the first divergent token "

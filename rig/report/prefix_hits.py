@@ -1,19 +1,19 @@
 """The prefix-cache hits of a conversation workload, rendered: cached prompt tokens by turn on
-both sides (summary.md and report.html) and each request's (report.html). Nothing for a
-workload of single requests, whose evidence is the counters' zero."""
+both sides (summary.md and report.html, from the outcome's turn_hits, computed in
+rig/verdict/prefix_hits.py) and each request's (report.html). Nothing for a workload of single
+requests, whose evidence is the counters' zero."""
 
 from __future__ import annotations
 
 from rig.records import RequestRecord, Side
 from rig.report.format import cell, table
-from rig.verdict.prefix_hits import hits_by_turn
+from rig.verdict.prefix_hits import TurnHits
 
 REQUESTS_SHOWN = 200  # per-request rows in report.html
 
 
-def hits_markdown(records: list[RequestRecord]) -> list[str]:
+def hits_markdown(turns: tuple[TurnHits, ...]) -> list[str]:
     """summary.md's lines: one row per turn (empty without conversation turns)."""
-    turns = hits_by_turn(records)
     if not turns:
         return []
     lines = [
@@ -29,9 +29,8 @@ def hits_markdown(records: list[RequestRecord]) -> list[str]:
     return [*lines, ""]
 
 
-def hits_html(records: list[RequestRecord]) -> str:
+def hits_html(turns: tuple[TurnHits, ...], records: list[RequestRecord]) -> str:
     """report.html's tables: by turn, then every measured request's cached tokens per side."""
-    turns = hits_by_turn(records)
     if not turns:
         return ""
     turn_rows = [

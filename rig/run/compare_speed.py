@@ -4,15 +4,20 @@ measured at different times, so the machine may have changed under them between 
 one run's own reference and candidate get a word, under that run's refusals as its manifest.json
 recorded them (rig.run.conclude.run_speed_design: a golden-cache reference, outputs that differ,
 an interrupted run, one block, an A/A run). Elsewhere the lines show the changes without a word.
+
+A run's own two sides show the records its report rendered, read back from its perf.csv (the
+numbers report.html and summary.md show, by construction); only two runs, other sides, or a run
+whose report was never written are compared afresh through rig.verdict.perf.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rig.records import RequestRecord, Side
+from rig.report.tables import read_perf_table
 from rig.run.conclude import run_speed_design
 from rig.scenario.config import Scenario
 from rig.verdict.intervals import TimingDesign
@@ -27,6 +32,7 @@ from rig.verdict.perf_records import (
 from rig.verdict.speed import SHORT_NAMES, SpeedDesign, apply_design
 
 MANIFEST_FILE = "manifest.json"
+PERF_FILE = "perf.csv"
 TWO_RUNS = (
     "not comparable (two runs, measured at different times; a speed word needs both sides "
     "measured in one run: rig compare RUN RUN)"
@@ -47,6 +53,7 @@ class StoredDesign:
     speed: SpeedDesign
     timing: TimingDesign = TimingDesign()
     levels: int = 1
+    shown: tuple[LevelComparison, ...] | None = None  # what the run's own report showed
 
     @property
     def confidence(self) -> float:
@@ -89,7 +96,19 @@ def compared_design(run_a: Path, run_b: Path, side_a: str, side_b: str) -> Store
         return StoredDesign(SpeedDesign(False, TWO_RUNS), TimingDesign(excluded=excluded))
     if (side_a, side_b) != (Side.REFERENCE, Side.CANDIDATE):
         return StoredDesign(SpeedDesign(False, OTHER_SIDES))
-    return stored_design(run_a)
+    return replace(stored_design(run_a), shown=shown_levels(run_a))
+
+
+def shown_levels(run_dir: Path) -> tuple[LevelComparison, ...] | None:
+    """The candidate's levels as the run's report showed them (its perf.csv, worded by its
+    own design); None where the report was never written."""
+    path = Path(run_dir) / PERF_FILE
+    if not path.is_file() or not (Path(run_dir) / MANIFEST_FILE).is_file():
+        return None
+    try:
+        return read_perf_table(path).candidate
+    except (KeyError, ValueError):  # an older rig's columns: compared afresh instead
+        return None
 
 
 def _metric_text(compared: MetricComparison, worded: bool) -> str:
@@ -117,15 +136,18 @@ def level_line(level: LevelComparison, design: SpeedDesign) -> str:
 def speed_lines(
     reference: list[RequestRecord], candidate: list[RequestRecord], stored: StoredDesign
 ) -> list[str]:
-    """The speed heading, then one line per level both sides ran."""
-    raw = compare_levels(
-        [r for r in reference if not r.cancelled],
-        [r for r in candidate if not r.cancelled],
-        confidence=stored.confidence,
-        timing=stored.timing,
-    )
+    """The speed heading, then one line per level both sides ran: as the run's report showed
+    them where it did, else compared here."""
     design = stored.speed
-    levels = apply_design(PerfResult(raw), design).candidate
+    levels = stored.shown
+    if levels is None:
+        raw = compare_levels(
+            [r for r in reference if not r.cancelled],
+            [r for r in candidate if not r.cancelled],
+            confidence=stored.confidence,
+            timing=stored.timing,
+        )
+        levels = apply_design(PerfResult(raw), design).candidate
     if not levels:
         return ["speed: n/a (no level ran on both sides)"]
     aa = "A/A run: " if design.aa_run else ""

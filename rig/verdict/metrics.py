@@ -1,130 +1,223 @@
-"""pandas frames from the request records: one row per request, one per (side, level), and the
-candidate-vs-reference deltas, using vLLM's benchmark definitions so numbers line up with
-`vllm bench serve` (TTFT at the first non-empty choices; TPOT = (E2EL - TTFT)/(tokens - 1)).
-
-Column names are `vllm bench serve`'s (mean_ttft_ms, median_ttft_ms, p99_ttft_ms, ...,
-request_throughput, output_throughput, total_token_throughput, completed, failed, duration), one
-row per (side, level, repeat); the candidate-vs-reference comparison lives in rig.verdict.perf.
+"""`vllm bench serve`'s numbers per block, as typed records: one BlockSummary per (side, level,
+repeat), computed once here with vLLM's benchmark definitions so that numbers line up with
+`vllm bench serve` (TTFT at the first non-empty choices; TPOT = (E2EL - TTFT)/(tokens - 1)), and
+one LevelSide per (level, side) over its repeats. The report renders these; summary.csv and the
+bench/ files carry them under vLLM's names (BlockSummary.bench_stats). The candidate-vs-reference
+comparison lives in rig.verdict.perf.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 import numpy as np
-import pandas as pd
 
 from rig.manifest_record import RunManifest
 from rig.records import RequestRecord, duration_s
 from rig.verdict.compare import PairResult
 
 PERCENTILES = (90, 99)
+DISTRIBUTIONS = ("ttft", "tpot", "e2el", "itl")  # vLLM's stems, in summary.csv's order
 # `vllm bench serve --backend` for each endpoint the rig sends to
 BENCH_BACKENDS = {"completions": "openai", "chat": "openai-chat"}
 
 
-def request_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
-    rows = []
-    for r in records:
-        rows.append(
-            {
-                "side": r.side,
-                "replica": r.replica,
-                "level": r.level,
-                "repeat": r.repeat,
-                "index": r.index,
-                "request_id": r.request_id,
-                "prompt_id": r.prompt_id,
-                "cache_salt": r.cache_salt,
-                "ok": r.completed,
-                "error": r.error or "",
-                "http_status": r.http_status,
-                "finish_reason": r.finish_reason,
-                "prompt_tokens": r.prompt_tokens,
-                "output_tokens": r.output_tokens,
-                "sent_at": r.sent_at,
-                "ttft_ms": _ms(r.ttft_s),
-                "tpot_ms": _ms(r.tpot_s),
-                "itl_mean_ms": _ms(float(np.mean(r.itl_s))) if r.itl_s else None,
-                "e2el_ms": _ms(r.e2el_s),
-                "finished_at": r.finished_at,
-                "text": r.text,
-            }
-        )
-    return pd.DataFrame(rows)
+@dataclass(frozen=True)
+class Distribution:
+    """One metric over a block's requests, in ms: mean, median, std, p90, p99 (NaN: none)."""
+
+    mean: float
+    median: float
+    std: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Distribution:
+        array = np.asarray(list(values), dtype=float)
+        if not array.size:
+            return cls(math.nan, math.nan, math.nan, math.nan, math.nan)
+        p90, p99 = (float(np.percentile(array, p)) for p in PERCENTILES)
+        return cls(float(array.mean()), float(np.median(array)), float(array.std()), p90, p99)
+
+    def named(self, stem: str) -> dict[str, float]:
+        """vLLM's names: mean_<stem>_ms, median_, std_, p90_, p99_."""
+        values = (self.mean, self.median, self.std, self.p90, self.p99)
+        names = ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))
+        return {f"{name}_{stem}_ms": value for name, value in zip(names, values, strict=True)}
+
+
+@dataclass(frozen=True)
+class BlockSummary:
+    """One side's block at one (level, repeat), by `vllm bench serve`'s definitions, and on
+    both sides the request pairs of that (level, repeat) and how many were identical (None
+    without pairs there)."""
+
+    side: str
+    level: int
+    repeat: int
+    requests: int
+    completed: int
+    failed: int
+    ttft: Distribution
+    tpot: Distribution
+    e2el: Distribution
+    itl: Distribution
+    duration: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    matches: int | None = None
+    pairs: int | None = None
+
+    def bench_stats(self) -> dict[str, float | int]:
+        """The block's numbers under `vllm bench serve`'s names, in its result file's order:
+        summary.csv's columns and the bench/ files' fields."""
+        stats: dict[str, float | int] = {"completed": self.completed, "failed": self.failed}
+        for stem in DISTRIBUTIONS:
+            stats |= getattr(self, stem).named(stem)
+        return stats | {
+            "duration": self.duration,
+            "total_input_tokens": self.total_input_tokens,
+            "total_output_tokens": self.total_output_tokens,
+            "request_throughput": self.request_throughput,
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": self.total_token_throughput,
+        }
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def _distribution(stats: dict, name: str, values: np.ndarray) -> None:
-    """mean/median/std/p90/p99 of one metric, as `vllm bench serve` names them."""
-    empty = not values.size
-    stats[f"mean_{name}_ms"] = np.nan if empty else float(values.mean())
-    stats[f"median_{name}_ms"] = np.nan if empty else float(np.median(values))
-    stats[f"std_{name}_ms"] = np.nan if empty else float(values.std())
-    for p in PERCENTILES:
-        stats[f"p{p}_{name}_ms"] = np.nan if empty else float(np.percentile(values, p))
+def block_summary(side: str, level: int, repeat: int, records: list[RequestRecord]) -> BlockSummary:
+    """One (side, level, repeat) from its records, warm-ups and all, as they were sent."""
+    ok = [r for r in records if r.completed]
 
+    def distribution(values: Iterable[float | None]) -> Distribution:
+        return Distribution.of(v for v in values if v is not None and not math.isnan(v))
 
-def _level_stats(group: pd.DataFrame, records: list[RequestRecord]) -> dict:
-    """One (side, level, repeat): `group` its rows of request_frame, `records` its records."""
-    ok = group[group["ok"]]
-    stats: dict = {
-        "requests": len(group),
-        "completed": int(ok.shape[0]),
-        "failed": int((~group["ok"]).sum()),
-    }
-    for metric in ("ttft", "tpot", "e2el"):
-        _distribution(stats, metric, ok[f"{metric}_ms"].dropna().to_numpy(dtype=float))
-    itl_ms = [gap * 1000 for r in records if r.completed for gap in r.itl_s]
-    _distribution(stats, "itl", np.asarray(itl_ms, dtype=float))
     duration = duration_s(records)
-    output_tokens = float(ok["output_tokens"].fillna(0).sum())
-    prompt_tokens = float(ok["prompt_tokens"].fillna(0).sum())
-    per_s = duration if duration and duration > 0 else np.nan
-    stats["duration"] = np.nan if duration is None else duration
-    stats["total_input_tokens"] = int(prompt_tokens)
-    stats["total_output_tokens"] = int(output_tokens)
-    stats["request_throughput"] = ok.shape[0] / per_s
-    stats["output_throughput"] = output_tokens / per_s
-    stats["total_token_throughput"] = (output_tokens + prompt_tokens) / per_s
-    return stats
+    output_tokens = float(sum(r.output_tokens or 0 for r in ok))
+    prompt_tokens = float(sum(r.prompt_tokens or 0 for r in ok))
+    per_s = duration if duration and duration > 0 else math.nan
+    return BlockSummary(
+        side=side,
+        level=level,
+        repeat=repeat,
+        requests=len(records),
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        ttft=distribution(_ms(r.ttft_s) for r in ok),
+        tpot=distribution(_ms(r.tpot_s) for r in ok),
+        e2el=distribution(_ms(r.e2el_s) for r in ok),
+        itl=Distribution.of(gap * 1000 for r in ok for gap in r.itl_s),
+        duration=math.nan if duration is None else duration,
+        total_input_tokens=int(prompt_tokens),
+        total_output_tokens=int(output_tokens),
+        request_throughput=len(ok) / per_s,
+        output_throughput=output_tokens / per_s,
+        total_token_throughput=(output_tokens + prompt_tokens) / per_s,
+    )
 
 
-def summary_frame(
+def block_summaries(
     records: list[RequestRecord], pairs: list[PairResult] | None = None
-) -> pd.DataFrame:
-    """One row per (side, level, repeat), with match counts on the candidate rows."""
-    frame = request_frame(records)
-    if frame.empty:
-        return pd.DataFrame()
-    by_key: dict[tuple, list[RequestRecord]] = {}
+) -> tuple[BlockSummary, ...]:
+    """One BlockSummary per (side, level, repeat), in that order, with the pairs' match counts
+    of its (level, repeat) on both sides."""
+    by_key: dict[tuple[str, int, int], list[RequestRecord]] = {}
     for r in records:
         by_key.setdefault((r.side, r.level, r.repeat), []).append(r)
-    rows = []
-    for (side, level, repeat), group in frame.groupby(["side", "level", "repeat"], sort=True):
-        row = {"side": side, "level": level, "repeat": repeat}
-        row.update(_level_stats(group, by_key[(side, level, repeat)]))
-        rows.append(row)
-    summary = pd.DataFrame(rows)
-    if pairs:
-        matches = pd.DataFrame(
-            [{"level": p.level, "repeat": p.repeat, "identical": p.identical} for p in pairs]
-        )
-        counts = matches.groupby(["level", "repeat"])["identical"].agg(["sum", "count"])
-        summary = summary.merge(
-            counts.rename(columns={"sum": "matches", "count": "pairs"}).reset_index(),
-            on=["level", "repeat"],
-            how="left",
-        )
-    return summary
+    matched: dict[tuple[int, int], list[int]] = {}
+    for p in pairs or ():
+        counts = matched.setdefault((p.level, p.repeat), [0, 0])
+        counts[0] += int(p.identical)
+        counts[1] += 1
+    blocks = []
+    for (side, level, repeat), group in sorted(by_key.items()):
+        block = block_summary(side, level, repeat, group)
+        if (level, repeat) in matched:
+            matches, count = matched[(level, repeat)]
+            block = replace(block, matches=matches, pairs=count)
+        blocks.append(block)
+    return tuple(blocks)
+
+
+Value = Callable[[BlockSummary], float]
+
+
+def _finite(values: Iterable[float]) -> list[float]:
+    return [v for v in values if not math.isnan(v)]
+
+
+@dataclass(frozen=True)
+class LevelSide:
+    """One side at one level: its blocks, in repeat order, and what the report shows of them
+    (sums, the mean over repeats and its spread)."""
+
+    level: int
+    side: str
+    blocks: tuple[BlockSummary, ...]
+
+    @property
+    def requests(self) -> int:
+        return sum(b.requests for b in self.blocks)
+
+    @property
+    def completed(self) -> int:
+        return sum(b.completed for b in self.blocks)
+
+    @property
+    def matches(self) -> int | None:
+        """Identical pairs over the level's blocks; None where no block had pairs."""
+        known = [b.matches for b in self.blocks if b.matches is not None]
+        return sum(known) if known else None
+
+    @property
+    def pairs(self) -> int | None:
+        known = [b.pairs for b in self.blocks if b.pairs is not None]
+        return sum(known) if known else None
+
+    def mean(self, value: Value) -> float:
+        """The mean over the repeats that have the value; NaN where none has."""
+        finite = _finite(value(b) for b in self.blocks)
+        return float(np.mean(finite)) if finite else math.nan
+
+    def spread(self, value: Value) -> float | None:
+        """max − min over the repeats, in percent of their mean; None under two repeats."""
+        finite = _finite(value(b) for b in self.blocks)
+        mean = float(np.mean(finite)) if finite else math.nan
+        if len(finite) < 2 or mean == 0:
+            return None
+        return (max(finite) - min(finite)) / abs(mean) * 100.0
+
+    def values(self, value: Value) -> list[float]:
+        return [value(b) for b in self.blocks]
+
+
+def level_sides(blocks: Iterable[BlockSummary]) -> tuple[LevelSide, ...]:
+    """The blocks gathered per (level, side), in that order."""
+    grouped: dict[tuple[int, str], list[BlockSummary]] = {}
+    for block in blocks:
+        grouped.setdefault((block.level, block.side), []).append(block)
+    return tuple(
+        LevelSide(level, side, tuple(sorted(found, key=lambda b: b.repeat)))
+        for (level, side), found in sorted(grouped.items())
+    )
+
+
+def _none_for_nan(value: float | int) -> float | int | None:
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def bench_results(
-    records: list[RequestRecord], summary: pd.DataFrame, manifest: RunManifest
+    records: list[RequestRecord], blocks: tuple[BlockSummary, ...], manifest: RunManifest
 ) -> dict[str, dict]:
     """Per side and level (and repeat, when there are several), a result in the layout of
     `vllm bench serve --save-result`: file name -> JSON object. Scripts written for vLLM's
@@ -141,14 +234,14 @@ def bench_results(
     itl at p99); and `start_times`, `queue_times`, `request_goodput`,
     `max_output_tokens_per_s`, `max_concurrent_requests` and `rtfx` are not written. Under
     `workload.arrival: waves`, TTFT and E2EL count from a wave's release."""
-    if summary.empty:
+    if not blocks:
         return {}
     workload = manifest.scenario.workload
     backend = BENCH_BACKENDS[workload.endpoint]
-    many = int(summary["repeat"].max()) > 0
+    many = max(b.repeat for b in blocks) > 0
     results = {}
-    for row in summary.to_dict("records"):
-        side, level, repeat = row["side"], int(row["level"]), int(row["repeat"])
+    for block in blocks:
+        side, level, repeat = block.side, block.level, block.repeat
         chosen = sorted(
             (
                 r
@@ -157,11 +250,7 @@ def bench_results(
             ),
             key=lambda r: r.sent_at,
         )
-        stats = {
-            k: (None if isinstance(v, float) and np.isnan(v) else v)
-            for k, v in row.items()
-            if k not in ("side", "level", "repeat", "requests", "matches", "pairs")
-        }
+        stats = {k: _none_for_nan(v) for k, v in block.bench_stats().items()}
         name = f"{side}-c{level}" + (f"-r{repeat}" if many else "") + ".json"
         results[name] = {
             "date": time.strftime("%Y%m%d-%H%M%S", time.gmtime(chosen[0].sent_at))

@@ -1,13 +1,13 @@
 """RunOutcome: everything a run produced, as the verdict stage hands it to the report (which
-only renders it): the frames every report file shows are computed here, once. rig/run/conclude.py
-builds it from the run's state."""
+only renders it): everything a report file shows (each block's numbers, the speed line and the
+lines under the word, the prefix-cache hits by turn, the bench/ results) is computed here, once,
+so that summary.md, report.html, manifest.json and the CSV files cannot disagree.
+rig/run/conclude.py builds it from the run's state."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pandas as pd
 
 from rig.manifest_record import RunManifest
 from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
@@ -16,11 +16,18 @@ from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, Verdict
 from rig.verdict.initial_state import ChunkedPrefill
-from rig.verdict.metrics import request_frame, summary_frame
+from rig.verdict.metrics import (
+    BlockSummary,
+    LevelSide,
+    bench_results,
+    block_summaries,
+    level_sides,
+)
 from rig.verdict.perf import perf_result
 from rig.verdict.perf_records import PerfResult
+from rig.verdict.prefix_hits import TurnHits, hits_by_turn
 from rig.verdict.self_check import SelfCheck
-from rig.verdict.speed import SpeedDesign
+from rig.verdict.speed import SpeedDesign, speed_headline
 
 
 @dataclass
@@ -53,14 +60,37 @@ class RunOutcome:
     # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
     chunked_prefill: ChunkedPrefill | None = None  # each prompt's chunks at the step budget
-    requests: pd.DataFrame = field(init=False)  # one row per request, vllm bench's metrics
-    summary: pd.DataFrame = field(init=False)  # per side, level and repeat
+    # Computed from the above, once: what every report file shows.
+    blocks: tuple[BlockSummary, ...] = field(init=False)  # per side, level and repeat
+    level_sides: tuple[LevelSide, ...] = field(init=False)  # per level and side
+    speed_line: str = field(init=False)  # the speed headline (manifest.json's "speed")
+    headline: tuple[str, ...] = field(init=False)  # the lines under the verdict's word
+    turn_hits: tuple[TurnHits, ...] = field(init=False)  # a conversation's cached tokens
+    bench: dict[str, dict] = field(init=False)  # bench/<name>: vllm bench serve's layout
 
     def __post_init__(self) -> None:
-        self.requests = request_frame(self.records)
-        self.summary = summary_frame(self.records, self.pairs)
         if self.perf is None:
             self.perf = perf_result(self.records)
+        self.blocks = block_summaries(self.records, self.pairs)
+        self.level_sides = level_sides(self.blocks)
+        self.speed_line = speed_headline(self.perf, self.speed)
+        self.headline = self._headline()
+        self.turn_hits = tuple(hits_by_turn(self.records))
+        self.bench = bench_results(self.records, self.blocks, self.manifest)
+
+    def _headline(self) -> tuple[str, ...]:
+        """The speed line, what the kernel's own time predicts at each level, the kind of
+        comparison, the reference's source, the candidate self-check: under the word."""
+        predicted = (lc.sensitivity for lc in self.perf.candidate)
+        texts = (
+            self.speed_line,
+            *(found.describe() for found in predicted if found is not None),
+            f"timing: {self.load_schedule}" if self.load_schedule else "",
+            self.comparison,
+            self.reference_source,
+            self.self_check.describe() if self.self_check is not None else "",
+        )
+        return tuple(text for text in texts if text)
 
     @property
     def compiled_blocks(self) -> list[tuple[int, int, str]]:

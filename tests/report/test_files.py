@@ -1,30 +1,16 @@
 import json
-import math
 import xml.etree.ElementTree as ET
-from dataclasses import replace
 
 import pandas as pd
-import pytest
 
 from rig.records import LevelFault, ServerDelta, TokenLogprob
-from rig.report.files import perf_table, render_junit
+from rig.report.files import render_junit
 from rig.scenario.gates_config import GatesConfig
 from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, decide
 from rig.verdict.outcome import RunOutcome
-from rig.verdict.perf_records import (
-    NOISE,
-    NOT_JUDGED,
-    SLOWER,
-    Comparison,
-    Metric,
-    PerfResult,
-    PlantedChange,
-    PlantedShare,
-)
-from tests.perf_builders import changed, perf_level
 from tests.report_synthetic import unit_manifest
 
 SCRIPT = "<script>alert(1)</script>"
@@ -295,36 +281,3 @@ def test_junit_stays_parseable_with_control_characters_in_an_error(make_record, 
     message = case.find("failure").get("message")
     assert "bad gateway" in message
     assert "\x1b" not in message and "\x00" not in message
-
-
-def test_perf_csv_is_rendered_from_the_records_with_its_columns():
-    """perf.csv keeps its columns (a user's scripts read them): per metric the ratio, its
-    interval, the same in percent and the word; a server metric each side's mean first; a
-    planted slowdown its own columns; NaN where there is no interval."""
-    ttft = changed(1, Metric.MEAN_TTFT, 10.0, (5.0, 20.0), SLOWER)
-    gdn = changed(1, Metric.GDN_MS_PER_CALL, 100.0, None, NOT_JUDGED, (1.5, 3.0))
-    planted = PlantedShare(20.0, 40.0, 2.0, (PlantedChange(Metric.MEAN_TTFT, 8.0, True),))
-    candidate = replace(perf_level(1, ttft, gdn, repeats=4, excluded=1), planted=planted)
-    floor = perf_level(1, replace(ttft, word=NOISE), comparison=Comparison.AA, repeats=1)
-    table = perf_table(PerfResult((candidate, floor)))
-    assert list(table.columns) == [
-        "comparison", "level", "unit", "repeats", "excluded_blocks", "requests",
-        "unequal_pairs",
-        "mean_ttft_ms_ratio", "mean_ttft_ms_ci_low", "mean_ttft_ms_ci_high",
-        "mean_ttft_ms_change_pct", "mean_ttft_ms_ci_low_pct", "mean_ttft_ms_ci_high_pct",
-        "mean_ttft_ms_word",
-        "gdn_ms_per_call_reference", "gdn_ms_per_call_candidate", "gdn_ms_per_call_ratio",
-        "gdn_ms_per_call_ci_low", "gdn_ms_per_call_ci_high", "gdn_ms_per_call_change_pct",
-        "gdn_ms_per_call_ci_low_pct", "gdn_ms_per_call_ci_high_pct", "gdn_ms_per_call_word",
-        "planted_delay_ms", "planted_ms_per_request", "planted_calls_per_request",
-        "mean_ttft_ms_planted_pct", "mean_ttft_ms_planted_inside_ci",
-    ]  # fmt: skip
-    first, second = table.to_dict("records")
-    assert (first["comparison"], second["comparison"]) == ("candidate/reference", "A/A")
-    assert first["mean_ttft_ms_ci_low_pct"] == pytest.approx(5.0)
-    assert first["mean_ttft_ms_word"] == SLOWER and second["mean_ttft_ms_word"] == NOISE
-    assert first["gdn_ms_per_call_change_pct"] == pytest.approx(100.0)
-    assert math.isnan(first["gdn_ms_per_call_ci_low"])
-    assert first["mean_ttft_ms_planted_inside_ci"] is True
-    assert math.isnan(second["gdn_ms_per_call_reference"])
-    assert perf_table(PerfResult()).empty

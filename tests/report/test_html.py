@@ -10,7 +10,6 @@ from rig.report.html import evidence_section, render_html
 from rig.report.levels import delta_table
 from rig.report.mismatches import divergent_span, prompt_category
 from rig.verdict.initial_state import ChunkedPrefill, PromptChunks
-from rig.verdict.metrics import summary_frame
 from rig.verdict.perf import perf_result
 from rig.verdict.perf_records import NOISE, Metric, MetricComparison
 from tests.report_synthetic import LONG_TEXT, XSS_IMG, XSS_SCRIPT, synthetic_outcome
@@ -22,16 +21,9 @@ def synthetic(make_record, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def frames(synthetic):
-    outcome, _ = synthetic
-    summary = summary_frame(outcome.records, outcome.pairs)
-    return summary, perf_result(outcome.records)
-
-
-@pytest.fixture(scope="module")
-def page(synthetic, frames):
+def page(synthetic):
     outcome, vocabulary = synthetic
-    return render_html(outcome, *frames, vocabulary.decode)
+    return render_html(outcome, vocabulary.decode)
 
 
 def visible_text(page: str) -> str:
@@ -127,8 +119,9 @@ def test_prompt_category_prefers_the_recorded_one():
     assert prompt_category("q7", {"q7": "chat"}) == "chat"
 
 
-def test_per_level_changes_show_their_interval_and_word(frames, page):
-    _, perf = frames
+def test_per_level_changes_show_their_interval_and_word(synthetic, page):
+    perf = synthetic[0].perf
+    assert perf == perf_result(synthetic[0].records)  # the outcome's, computed once
     assert delta_table(perf.levels) in page
     level = perf.candidate[0]
     ttft = MetricComparison(level.level, Metric.MEAN_TTFT, 1.01, (0.97, 1.04), NOISE)
@@ -142,7 +135,7 @@ def test_per_level_changes_show_their_interval_and_word(frames, page):
 
 def test_a_run_without_aa_says_how_to_get_the_floor(make_record, tmp_path):
     outcome, _ = synthetic_outcome(make_record, tmp_path, with_aa=False)
-    page = render_html(outcome, summary_frame(outcome.records[:0]), perf_result([]))
+    page = render_html(dataclasses.replace(outcome, records=[], pairs=[], perf=perf_result([])))
     assert "No A/A control in this run" in page
     assert "No request finished." in page
 
@@ -158,8 +151,7 @@ def test_a_run_without_a_replay_says_there_are_no_margins(make_record, tmp_path)
     outcome, _ = synthetic_outcome(make_record, tmp_path)
     outcome.replayed = {}
     outcome.drift = []
-    summary = summary_frame(outcome.records, outcome.pairs)
-    page = render_html(outcome, summary, perf_result(outcome.records))
+    page = render_html(outcome)
     drift = page.split('<section id="drift">')[1].split("</section>")[0]
     assert 'alt="greedy margin distribution"' not in drift
     assert "No greedy margins: no completion was replayed with top-k logprobs." in drift

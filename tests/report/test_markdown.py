@@ -3,15 +3,12 @@ beside their measurements, gates and mismatches, and a size that fits a pull-req
 
 import dataclasses
 
-import pandas as pd
 import pytest
 
 from kernels.proof import InitialStateCounts
 from rig.report import markdown
-from rig.report.files import seeds_table
 from rig.report.markdown import SUMMARY_MD_LIMIT, render_markdown
 from rig.verdict.initial_state import ChunkedPrefill, PromptChunks
-from rig.verdict.metrics import summary_frame
 from rig.verdict.perf import PlantedDelay, perf_result
 from tests.report.test_files import huge_run
 
@@ -33,7 +30,7 @@ def test_summary_markdown_shows_the_aa_performance_floor(outcome):
     reference = [r for r in outcome.records if r.side == "reference" and r.level == 1]
     replay = [dataclasses.replace(r, side="reference-aa") for r in reference]
     perf = perf_result(outcome.records, replay, aa_concurrency=1)
-    text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
+    text = render_markdown(dataclasses.replace(outcome, perf=perf))
     (line,) = [x for x in text.splitlines() if x.startswith("A/A performance floor")]
     # One replay of one level: a block pair, so a ratio and no interval.
     assert line == (
@@ -51,7 +48,7 @@ def test_summary_markdown_sets_a_planted_slowdown_next_to_its_measurement(outcom
     requests = sum(r.side == "candidate" for r in records)
     planted = PlantedDelay("ref+delay-25ms", 25.0, {(1, 0): 2 * requests})
     perf = perf_result(records, planted=planted)
-    text = render_markdown(dataclasses.replace(outcome, perf=perf), pd.DataFrame())
+    text = render_markdown(dataclasses.replace(outcome, perf=perf))
     (line,) = [x for x in text.splitlines() if x.startswith("Planted slowdown")]
     assert line.startswith(
         "Planted slowdown at C=1: 2.00 GDN prefill calls per request x 25 ms = 50.0 ms per "
@@ -85,8 +82,7 @@ def test_summary_markdown_fits_a_pr_comment_whatever_the_run_size(
 ):
     monkeypatch.setattr(markdown, "SUMMARY_MD_LIMIT", limit)
     outcome = huge_run(make_record, tmp_path, levels, per_level)
-    summary = summary_frame(outcome.records, outcome.pairs)
-    text = render_markdown(outcome, seeds_table(summary))
+    text = render_markdown(outcome)
     assert len(text) <= limit
     lines = text.splitlines()
     assert lines[0] == "## rig: unit (run-1)"
@@ -109,12 +105,10 @@ def test_summary_markdown_shows_initial_state_counts_and_chunks(outcome):
         for side, kernel in outcome.kernels.items()
     }
     chunked = ChunkedPrefill(256, (PromptChunks("long", 2410, 10), PromptChunks("s", 40, 1)))
-    text = render_markdown(
-        dataclasses.replace(outcome, kernels=kernels, chunked_prefill=chunked), pd.DataFrame()
-    )
+    text = render_markdown(dataclasses.replace(outcome, kernels=kernels, chunked_prefill=chunked))
     (line,) = [x for x in text.splitlines() if x.startswith("Kernels:")]
     assert "(10 prefill calls; 5 of 9 sequences from a non-zero state)" in line
     assert "ns4 (10 prefill calls)" in line  # not counted: nothing claimed
     (chunks,) = [x for x in text.splitlines() if x.startswith("Chunked prefill:")]
     assert "1 of 2 prompts take several prefill steps at a budget of 256 tokens" in chunks
-    assert "Chunked prefill" not in render_markdown(outcome, pd.DataFrame())
+    assert "Chunked prefill" not in render_markdown(outcome)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pandas as pd
-
 from rig.report.html import render_html
 from rig.report.markdown import render_markdown
 from rig.report.prefix_hits import hits_html, hits_markdown
-from rig.verdict.perf_records import PerfResult
+from rig.verdict.prefix_hits import hits_by_turn
 
 
 def turn_records(make_record, candidate_hits=(0, 1280)):
@@ -32,13 +30,14 @@ def turn_records(make_record, candidate_hits=(0, 1280)):
 
 
 def test_markdown_has_a_row_per_turn(make_record):
-    lines = hits_markdown(turn_records(make_record))
+    lines = hits_markdown(tuple(hits_by_turn(turn_records(make_record))))
     assert "| 1 | 1 | 1,446 | 1,280 | 1,280 |" in lines
     assert lines[0].startswith("Prefix-cache hits by turn")
 
 
 def test_html_marks_a_side_whose_hits_differ_and_lists_each_request(make_record):
-    page = hits_html(turn_records(make_record, candidate_hits=(0, 640)))
+    records = turn_records(make_record, candidate_hits=(0, 640))
+    page = hits_html(tuple(hits_by_turn(records)), records)
     assert "Cached prompt tokens by conversation turn" in page
     assert page.count(" bad") == 2  # the turn's row and the request's cell
     assert "c1-r0-0001" in page and "talk" in page
@@ -46,13 +45,14 @@ def test_html_marks_a_side_whose_hits_differ_and_lists_each_request(make_record)
 
 def test_single_requests_show_no_turn_tables(make_record):
     plain = [make_record("reference", "c1-r0-0000", "text")]
-    assert hits_markdown(plain) == [] and hits_html(plain) == ""
+    assert hits_markdown(()) == [] and hits_html(tuple(hits_by_turn(plain)), plain) == ""
 
 
 def test_whole_reports_carry_the_turn_tables(outcome, make_record):
     talk = replace(outcome, records=turn_records(make_record))
-    assert "Prefix-cache hits by turn" in render_markdown(talk, pd.DataFrame())
-    page = render_html(talk, pd.DataFrame(), PerfResult())
+    assert talk.turn_hits == tuple(hits_by_turn(talk.records))  # computed once, in the outcome
+    assert "Prefix-cache hits by turn" in render_markdown(talk)
+    page = render_html(talk)
     assert "conversation turns hit by design" in page and "talk" in page
 
 
@@ -62,6 +62,7 @@ def test_html_does_not_mark_a_request_only_one_side_ran(make_record):
     rerun = make_record(
         "reference", "c4-r1-0001", "text", conversation_id="talk", turn=1, cached_tokens=1280
     )
-    page = hits_html([*turn_records(make_record), rerun])
+    records = [*turn_records(make_record), rerun]
+    page = hits_html(tuple(hits_by_turn(records)), records)
     assert "c4-r1-0001" in page and "—" in page
     assert " bad" not in page

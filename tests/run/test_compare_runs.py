@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import re
 
@@ -6,12 +7,16 @@ import pytest
 
 from rig.load.replay_records import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
 from rig.records import REQUESTS_FILE, TokenLogprob
+from rig.report.files import write_report
+from rig.report.tables import perf_table, read_perf_table
 from rig.run.cache import GoldenEntry
 from rig.run.compare_runs import main as compare_main
 from rig.run.compare_runs import side_records
 from rig.run.compare_speed import MANIFEST_FILE, stored_design
 from rig.run.conclude import build_outcome
 from rig.scenario.config import Scenario
+from rig.verdict.perf_records import CLIENT_METRICS, HEADLINE_METRICS, Metric, PerfResult
+from rig.verdict.speed import SHORT_NAMES
 from tests.run.test_conclude import KERNELS, ONE_LEVEL, timed_blocks
 from tests.run_fakes import run_context
 from tests.verdict.test_compare import pair_at_third_token
@@ -239,3 +244,52 @@ def test_a_stored_runs_design_is_the_one_its_speed_line_had(tmp_path, make_recor
     stored = stored_design(tmp_path)
     assert stored.speed == outcome.speed and stored.speed.measured == (golden is None)
     assert stored.levels == 1
+
+
+# --- the same numbers as the run's report -------------------------------------------------------
+
+CELL = re.compile(
+    r'<td data-sort="[^"]*" class="num delta-[a-z-]+">([+-]\d+\.\d) %<small>\[([^]]+)\]</small>'
+    r'<small class="word">([^<]+)</small></td>'
+)
+
+
+def test_rig_compare_shows_the_numbers_the_html_shows(make_record, tmp_path, capsys):
+    """One run through build_outcome and write_report: `rig compare RUN RUN` prints, per level
+    and headline metric, the change, interval and word report.html's table shows, because it
+    reads the records the report rendered (perf.csv), not a second computation of them."""
+    run_dir = tmp_path / "run"
+    ctx = run_context(run_dir, candidate={"kernel": "ns4"}, drift={"enabled": False},
+                      workload=ONE_LEVEL)  # fmt: skip
+    state = timed_blocks(make_record, slower=1.15)
+    outcome = build_outcome(ctx, state, KERNELS, None)
+    paths = write_report(outcome)
+    store_records(run_dir, state.records)
+    assert compare_main([str(run_dir), str(run_dir)]) == 0
+    head, line = speed_output(capsys)
+    page = paths["report.html"].read_text(encoding="utf-8")
+    delta_row = page.split("<h3>Candidate against reference</h3>")[1].split("</tr>")[1]
+    html = dict(zip(CLIENT_METRICS, CELL.findall(delta_row), strict=True))
+    shown = [html[m] for m in HEADLINE_METRICS]
+    assert line == "  C1 (3 block pairs): " + "; ".join(
+        f"{SHORT_NAMES[m]} {change} % [{interval}] {word}"
+        for m, (change, interval, word) in zip(HEADLINE_METRICS, shown, strict=True)
+    )
+    assert "slower" in line  # the candidate's 15 % is worded, in both
+    manifest = json.loads(paths["manifest.json"].read_text(encoding="utf-8"))
+    assert manifest["speed"] == outcome.speed_line and outcome.speed_line in page
+    # The stored records are what it shows: a number changed there is the number printed.
+    (level,) = read_perf_table(paths["perf.csv"]).levels
+    metrics = tuple(
+        dataclasses.replace(m, ratio=1.5) if m.metric == Metric.MEAN_TTFT else m
+        for m in level.metrics
+    )
+    changed = PerfResult((dataclasses.replace(level, metrics=metrics),))
+    perf_table(changed).to_csv(paths["perf.csv"], index=False)
+    compare_main([str(run_dir), str(run_dir)])
+    assert "TTFT +50.0 %" in speed_output(capsys)[1]
+
+
+def store_records(run_dir, records):
+    lines = "".join(record.to_json() + "\n" for record in records)
+    (run_dir / REQUESTS_FILE).write_text(lines, encoding="utf-8")

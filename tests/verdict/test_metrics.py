@@ -2,11 +2,10 @@ import dataclasses
 import json
 import math
 
-import pandas as pd
 import pytest
 
 from rig.verdict.compare import PairResult
-from rig.verdict.metrics import bench_results, request_frame, summary_frame
+from rig.verdict.metrics import bench_results, block_summaries, level_sides
 from tests.report_synthetic import unit_manifest
 
 
@@ -48,34 +47,13 @@ def level_records(make_record):
     ]
 
 
-# --- one row per request -----------------------------------------------------------------------
-
-
-def test_request_frame_tpot_excludes_the_first_token(make_record):
-    frame = request_frame(
-        [
-            timed(make_record, "reference", "q0", 10.0, 0.2, 1.0, 5, 3, [0.2] * 4),
-            timed(make_record, "reference", "q1", 10.0, 0.2, 0.2, 1, 3, []),
-            timed(make_record, "reference", "q2", 10.0, 0.2, 1.0, 5, 3, [], error="timeout: x"),
-        ]
-    ).set_index("request_id")
-    # (E2EL - TTFT) / (tokens - 1) = (1.0 - 0.2) / 4 s
-    assert frame.loc["q0", "tpot_ms"] == pytest.approx(200.0)
-    assert frame.loc["q0", "ttft_ms"] == pytest.approx(200.0)
-    assert frame.loc["q0", "e2el_ms"] == pytest.approx(1000.0)
-    assert frame.loc["q0", "itl_mean_ms"] == pytest.approx(200.0)
-    assert frame.loc["q0", "finished_at"] == pytest.approx(11.0)
-    assert pd.isna(frame.loc["q1", "tpot_ms"])  # one token: no time per output token
-    assert pd.isna(frame.loc["q2", "tpot_ms"])  # failed
-    assert frame["ok"].tolist() == [True, True, False]
-    assert frame.loc["q2", "error"] == "timeout: x"
-
-
 # --- one row per side, level and repeat --------------------------------------------------------
 
 
 def test_summary_percentiles_and_throughput(level_records):
-    (row,) = summary_frame(level_records).to_dict("records")
+    (block,) = block_summaries(level_records)
+    row = {"side": block.side, "level": block.level, "repeat": block.repeat}
+    row |= {"requests": block.requests} | block.bench_stats()
     assert (row["side"], row["level"], row["repeat"]) == ("reference", 1, 0)
     assert (row["requests"], row["completed"], row["failed"]) == (5, 4, 1)
     # TTFT 10, 20, 30, 40 ms (the failed request's 5 s is left out)
@@ -108,23 +86,42 @@ def test_summary_has_one_row_per_side_level_and_repeat(level_records, make_recor
         timed(make_record, "candidate", "x0", 2000.0, 0.01, 1.0, 5, 10, [0.1], level=4),
         timed(make_record, "candidate", "x1", 3000.0, 0.01, 1.0, 5, 10, [0.1], level=4, repeat=1),
     ]
-    summary = summary_frame(level_records + more)
-    keys = list(zip(summary["side"], summary["level"], summary["repeat"], strict=True))
-    assert sorted(keys) == [("candidate", 1, 0), ("candidate", 4, 0), ("candidate", 4, 1)] + [
+    blocks = block_summaries(level_records + more)
+    keys = [(b.side, b.level, b.repeat) for b in blocks]
+    assert keys == [("candidate", 1, 0), ("candidate", 4, 0), ("candidate", 4, 1)] + [
         ("reference", 1, 0)
     ]
-    assert summary["requests"].sum() == 8
+    assert sum(b.requests for b in blocks) == 8
+    sides = level_sides(blocks)
+    assert [(s.level, s.side, len(s.blocks)) for s in sides] == [
+        (1, "candidate", 1),
+        (1, "reference", 1),
+        (4, "candidate", 2),
+    ]
+    assert sides[2].requests == 2 and sides[2].values(lambda b: b.repeat) == [0, 1]
 
 
 def test_summary_of_an_all_failed_level_has_no_throughput(make_record):
     failed = [make_record("reference", "q0", error="timeout: x", e2el_s=None, ttft_s=None)]
-    (row,) = summary_frame(failed).to_dict("records")
-    assert (row["completed"], row["failed"]) == (0, 1)
-    assert math.isnan(row["mean_ttft_ms"]) and math.isnan(row["request_throughput"])
+    (block,) = block_summaries(failed)
+    assert (block.completed, block.failed) == (0, 1)
+    assert math.isnan(block.ttft.mean) and math.isnan(block.request_throughput)
+    (side,) = level_sides([block])
+    assert math.isnan(side.mean(lambda b: b.ttft.mean))  # no repeat has one
+    assert side.spread(lambda b: b.ttft.mean) is None
 
 
 def test_summary_of_nothing_is_empty():
-    assert summary_frame([]).empty
+    assert block_summaries([]) == () and level_sides(()) == ()
+
+
+def test_a_level_side_averages_its_repeats_and_gives_their_spread(level_records):
+    again = [dataclasses.replace(r, repeat=1, ttft_s=r.ttft_s * 3) for r in level_records]
+    (side,) = level_sides(block_summaries(level_records + again))
+    ttft = side.mean(lambda b: b.ttft.mean)
+    assert ttft == pytest.approx(50.0)  # 25 ms and 75 ms
+    assert side.spread(lambda b: b.ttft.mean) == pytest.approx(100.0)  # (75 - 25) / 50
+    assert (side.requests, side.completed, side.matches, side.pairs) == (10, 8, None, None)
 
 
 def pair(request_id: str, level: int, repeat: int, identical: bool) -> PairResult:
@@ -138,10 +135,12 @@ def test_match_counts_are_merged_per_level_and_repeat(make_record):
         for i, level in enumerate((1, 1, 1, 1, 4))
     ]
     pairs = [pair(f"q{i}", 1, 0, i != 2) for i in range(4)] + [pair("q4", 4, 0, True)]
-    summary = summary_frame(records, pairs)
-    candidate = summary[summary["side"] == "candidate"].set_index("level")
-    assert (candidate.loc[1, "matches"], candidate.loc[1, "pairs"]) == (3, 4)
-    assert (candidate.loc[4, "matches"], candidate.loc[4, "pairs"]) == (1, 1)
+    blocks = block_summaries(records, pairs)
+    candidate = {b.level: b for b in blocks if b.side == "candidate"}
+    assert (candidate[1].matches, candidate[1].pairs) == (3, 4)
+    assert (candidate[4].matches, candidate[4].pairs) == (1, 1)
+    reference = {b.level: b for b in blocks if b.side == "reference"}
+    assert (reference[1].matches, reference[1].pairs) == (3, 4)  # the level's pairs, both sides
 
 
 # --- vllm bench serve's result files -------------------------------------------------------------
@@ -186,7 +185,7 @@ def read_like_vllm_tooling(result: dict) -> dict:
 
 
 def test_bench_results_have_vllm_bench_serve_layout(level_records):
-    results = bench_results(level_records, summary_frame(level_records), unit_manifest())
+    results = bench_results(level_records, block_summaries(level_records), unit_manifest())
     assert list(results) == ["reference-c1.json"]
     result = results["reference-c1.json"]
     assert set(result) >= VLLM_RESULT_KEYS
@@ -202,7 +201,7 @@ def test_bench_results_have_vllm_bench_serve_layout(level_records):
 def test_bench_results_are_per_repeat_with_repeats(level_records, make_record):
     again = [dataclasses.replace(r, repeat=1) for r in level_records]
     records = level_records + again
-    names = bench_results(records, summary_frame(records), unit_manifest())
+    names = bench_results(records, block_summaries(records), unit_manifest())
     assert sorted(names) == ["reference-c1-r0.json", "reference-c1-r1.json"]
 
 
@@ -216,5 +215,5 @@ def test_bench_results_name_the_endpoint_as_vllm_bench_serve_does(level_records,
     workload = manifest.scenario.workload.model_copy(update={"endpoint": endpoint})
     scenario = manifest.scenario.model_copy(update={"workload": workload})
     manifest = dataclasses.replace(manifest, scenario=scenario)
-    (result,) = bench_results(level_records, summary_frame(level_records), manifest).values()
+    (result,) = bench_results(level_records, block_summaries(level_records), manifest).values()
     assert (result["backend"], result["endpoint_type"]) == (backend, backend)
