@@ -11,6 +11,8 @@
 #   call 1: mkdir -p /tmp/vllm-parts && cp .whl0/*.part00 /tmp/vllm-parts/        (carry .whl0)
 #   call 2: bash benchmarks/gpu_speed_session.sh start [SECONDS]   (carry .whl1, rig.egg-info)
 #   then:   bash benchmarks/gpu_speed_session.sh wait SECONDS      (until it says finished)
+# JOB=benchmarks/gpu_jobs/NAME.sh runs that script (from the copy under /tmp/rig, with $PY,
+# $RESULTS and the environment above) instead of the speed control.
 # Each prints the log's tail and packs the results (summaries, perf.csv, records, counters,
 # manifests, server-log tails, the GPU's busy samples) into $OUT/results.tar.xz.
 set -uo pipefail
@@ -78,7 +80,11 @@ start)
     report
     ;;
 job)
-    job
+    if [ -n "${JOB:-}" ]; then
+        cd "$WORK" && mkdir -p "$RESULTS" && PY=$PY RESULTS=$RESULTS bash "$JOB"
+    else
+        job
+    fi
     ;;
 wait)
     for _ in $(seq "${2:-60}"); do running || break; sleep 1; done
