@@ -38,7 +38,6 @@ HTTP_LIBRARIES = ("urllib.request", "urllib.error", "http.client", "aiohttp", "h
 # up before any load, and nothing it reads goes into a result.
 HEALTH_CHECKS = {
     "rig.serve.servers": "polls GET /health until a server it started is ready",
-    "rig.serve.preflight": "HEAD of the hub's model page: can the model be fetched at all",
 }
 # The only rig modules that may import pandas, and why: everything else passes typed records.
 TABLE_MODULES = {
