@@ -22,8 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kernels.proof import STATS_DIR_ENV, InitialStateCounts
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
-from rig.records import RequestRecord, read_records
+from rig.records import ForcedLogprobs, ForcedSequence, RequestRecord, read_records
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
 from rig.secrets import digest, redact_argv, redact_env

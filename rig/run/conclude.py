@@ -9,7 +9,7 @@ from pathlib import Path
 from kernels.backends import reference_kernel_name
 from kernels.proof import InitialStateCounts, KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
-from rig.records import ServerDelta, Side
+from rig.records import ADVISORY_LOG_KINDS, ServerDelta, Side
 from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
@@ -17,7 +17,6 @@ from rig.run.replay import AA_SIDE, aa_concurrency
 from rig.run.self_check import batched_answers, self_check_level
 from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
-from rig.serve.logs import ADVISORY_LOG_KINDS
 from rig.serve.plan import LaunchPlan
 from rig.serve.skew import served_skew
 from rig.verdict.compare import compare_pairs

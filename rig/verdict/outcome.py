@@ -10,8 +10,14 @@ from pathlib import Path
 import pandas as pd
 
 from rig.manifest_record import RunManifest
-from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
-from rig.serve.logs import JIT_COMPILE
+from rig.records import (
+    JIT_COMPILE,
+    CompletionKey,
+    LevelFault,
+    RequestRecord,
+    ServerDelta,
+    TokenLogprob,
+)
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, Verdict

@@ -6,10 +6,9 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from rig.records import LevelFault, ServerDelta, TokenLogprob
+from rig.records import JIT_COMPILE, LevelFault, ServerDelta, TokenLogprob
 from rig.report.files import perf_table, render_junit
 from rig.scenario.gates_config import GatesConfig
-from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, decide

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import rig.run.cache
 from kernels.proof import InitialStateCounts
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
+from rig.records import ForcedLogprobs, ForcedSequence
 from rig.run.cache import ENTRY_FORMAT, GoldenCache, GoldenEntry, golden_key, model_digest
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import ChatMessage, Prompt

@@ -4,8 +4,8 @@ import re
 import numpy as np
 import pytest
 
-from rig.load.replay_records import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
-from rig.records import REQUESTS_FILE, TokenLogprob
+from rig.load.replay_records import REPLAY_FILE, write_replay
+from rig.records import REQUESTS_FILE, ForcedLogprobs, ForcedSequence, TokenLogprob
 from rig.run.cache import GoldenEntry
 from rig.run.compare_runs import main as compare_main
 from rig.run.compare_runs import side_records

@@ -2,8 +2,7 @@
 
 from dataclasses import replace
 
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
-from rig.records import REQUESTS_FILE
+from rig.records import REQUESTS_FILE, ForcedLogprobs, ForcedSequence
 from rig.run.cache import GoldenCache
 from rig.run.golden import cost_comparison, lookup_golden, store_golden, take_golden
 from rig.run.state import RunState

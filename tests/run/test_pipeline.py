@@ -5,8 +5,7 @@ import pytest
 
 import rig.serve.installs as installs_module
 from rig import PROJECT_ROOT
-from rig.load.replay_records import ForcedSequence
-from rig.records import REQUESTS_FILE, ExitCode
+from rig.records import REQUESTS_FILE, ExitCode, ForcedSequence
 from rig.run.cache import GoldenCache
 from rig.run.golden import lookup_golden, store_golden
 from rig.run.pipeline import Runner, _check_resumable, main
