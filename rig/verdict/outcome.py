@@ -20,13 +20,14 @@ from rig.records import (
 )
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
-from rig.verdict.gates import SideKernel, Verdict
+from rig.verdict.evidence import SideKernel
 from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.metrics import request_frame, summary_frame
 from rig.verdict.perf import perf_result
 from rig.verdict.perf_records import PerfResult
 from rig.verdict.self_check import SelfCheck
 from rig.verdict.speed import SpeedDesign
+from rig.verdict.words import Verdict
 
 
 @dataclass

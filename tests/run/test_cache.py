@@ -18,7 +18,7 @@ from rig.scenario.config import Scenario
 from rig.scenario.prompts import ChatMessage, Prompt
 from rig.serve.hardware import Hardware
 from rig.serve.plan import plan_servers
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from rig.run.pipeline import Runner, _check_resumable, main
 from rig.run.state import RunState
 from rig.scenario.config import ScenarioError
 from rig.serve.installs import InstallFacts
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 from tests.run_fakes import open_journal, run_context, scenario
 
 
