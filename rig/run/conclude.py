@@ -1,5 +1,6 @@
 """The run's outcome from its state: which kernel each side ran, the pairs compared, drift,
-performance and the verdict, assembled into the record the report stage renders."""
+the controls and performance, assembled into the Evidence that rig.verdict.gates judges, and
+the verdict with all of it into the record the report stage renders."""
 
 from __future__ import annotations
 
@@ -265,7 +266,7 @@ def run_evidence(
     ctx: RunContext,
     state: RunState,
     kernels: dict[str, SideKernel],
-    replayed: dict[str, Replayed],
+    replayed: Replayed,
     timing: TimingDesign,
 ) -> Evidence:
     """Everything the gates read, from the run's state: the finished pairs compared, the
