@@ -41,6 +41,8 @@ class Gate:
 
 @dataclass(frozen=True)
 class Counts:
+    """What the pairs and the replay came to, as the word and the reports read them."""
+
     pairs: int
     identical: int
     near_tie: int
@@ -56,6 +58,8 @@ class Counts:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The word, whether the run passed, and every gate line behind them, in report order."""
+
     word: VerdictWord
     passed: bool
     gates: tuple[Gate, ...]
