@@ -1,6 +1,9 @@
 """The records every pipeline stage passes on: what to send (RequestSpec, SamplingParams,
-SideJob, ServerTarget), what came back (RequestRecord, TokenLogprob) and what the servers showed
-while it ran (ServerDelta, LevelFault); requests.jsonl holds the records, one per line.
+SideJob, ServerTarget), what came back (RequestRecord, TokenLogprob), the teacher-forced
+replay's sequences and answers (ForcedSequence, ForcedLogprobs) and what the servers showed
+while it ran (ServerDelta, LevelFault and its advisory kinds); requests.jsonl holds the
+records, one per line. The stages that fill them (load/, serve/) and the one that judges them
+(verdict/) meet here, so that verdict/ reads no later stage's module for a type.
 
 A failed request is a record with `error` set ("<kind>: <detail>", the kinds in ErrorKind),
 never a missing one.
@@ -138,6 +141,38 @@ class TokenLogprob:
     token_id: int
     logprob: float | None
     top: dict[int, float]  # top-k alternatives: token id -> logprob
+
+
+@dataclass(frozen=True)
+class ForcedSequence:
+    """One sequence to replay: the reference's prompt and greedy completion, as token ids."""
+
+    prompt_id: str
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+
+    @property
+    def key(self) -> CompletionKey:
+        return (self.prompt_id, self.completion_token_ids)
+
+
+@dataclass(frozen=True)
+class ForcedLogprobs:
+    """One side's answer along one forced sequence, or why there is none: the forced token's
+    logprob at every position (index i: token i given tokens < i) and the side's top-k at every
+    completion position."""
+
+    logprobs: tuple[float | None, ...] = ()
+    top: tuple[dict[int, float], ...] = ()
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "top": [{str(t): v for t, v in top.items()} for top in self.top]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ForcedLogprobs:
+        top = tuple({int(t): v for t, v in position.items()} for position in data["top"])
+        return cls(tuple(data["logprobs"]), top, data["error"])
 
 
 @dataclass
@@ -302,6 +337,12 @@ class ServerDelta:
     def compiled(self) -> bool:
         """A JIT compilation happened in the server while this block ran."""
         return bool(self.jit_compiles)
+
+
+# A LevelFault's kind for a kernel compiled while serving (rig.serve.logs reads it in the log):
+# not a fault of the kernel, but the block's time holds the compilation.
+JIT_COMPILE = "jit_compile"
+ADVISORY_LOG_KINDS = frozenset({JIT_COMPILE})  # flagged in the report, no gate counts them
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from rig.scenario.config import Scenario
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
-from rig.verdict.gates import SideKernel, decide
+from rig.verdict.evidence import Evidence, SideKernel
+from rig.verdict.gates import decide
 from rig.verdict.outcome import RunOutcome
 
 XSS_IMG = '<img src=x onerror="window.__rigXss=1">'
@@ -198,7 +199,17 @@ def synthetic_outcome(
         aa_pairs = compare_pairs(first, first, 0.25, max_tokens=2048, replayed=replayed)
         aa_drift = [DriftResult(p, 12, 0.0, 0.0, 0.0, 0.0, 0.0, 0) for p in prompts]
     gates = GatesConfig(max_mean_drift=0.1, max_mean_prompt_drift=0.25)
-    verdict = decide(gates, pairs, drift, 0.0, KERNELS, "ns3", False, 1, aa_pairs, aa_drift)
+    evidence = Evidence(
+        gates,
+        pairs,
+        KERNELS,
+        drift,
+        requested_kernel="ns3",
+        log_faults=1,
+        aa_pairs=aa_pairs,
+        aa_drift=aa_drift,
+    )
+    verdict = decide(evidence)
     outcome = RunOutcome(
         run_id="synthetic-ns3",
         run_dir=run_dir,

@@ -49,6 +49,11 @@ REPORT_INPUTS = (
     "rig.report",
     "rig.verdict",
 )  # report/ renders these, nothing else
+# verdict/ judges records it is given: it may read the stages before the servers (the shared
+# records, the scenario, the manifest, the models) and the kernels' proof and backend names,
+# never serve/, load/ or stub/, not even for a type or a constant (those live in rig.records).
+VERDICT_INPUTS = (*ORDER[: ORDER.index("rig.serve")], "rig.verdict")
+VERDICT_KERNEL_INPUTS = ("kernels.backends", "kernels.proof")
 
 
 def _modules() -> dict[str, Path]:
@@ -200,6 +205,19 @@ def test_report_renders_only_what_verdict_hands_it():
         for module, path in _stage_modules("rig.report").items()
         for imported in sorted(_imports(path, modules))
         if not _within(imported, REPORT_INPUTS)
+    ]
+    assert not found
+
+
+def test_verdict_reads_no_stage_that_serves_or_sends():
+    """Types and constants that cross stages (the replay's records, the JIT-compile fault kind)
+    come from rig.records, so verdict/ imports nothing of serve/, load/ or stub/."""
+    modules = _modules()
+    found = [
+        f"{module} imports {imported}"
+        for module, path in _stage_modules("rig.verdict").items()
+        for imported in sorted(_imports(path, modules))
+        if _package(imported) not in VERDICT_INPUTS and imported not in VERDICT_KERNEL_INPUTS
     ]
     assert not found
 

@@ -12,8 +12,7 @@ import math
 
 import aiohttp
 
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
-from rig.records import RequestRecord, ServerTarget
+from rig.records import ForcedLogprobs, ForcedSequence, RequestRecord, ServerTarget
 from rig.salts import cache_salt
 from rig.secrets import auth_headers
 

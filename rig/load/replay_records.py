@@ -1,49 +1,16 @@
-"""The teacher-forced replay's records: the sequences replayed (each reference prompt and greedy
-completion, as token ids) and each side's answer along them, and replay.jsonl, which keeps them
-for the report and `rig compare`. The client that fills them is replay_client; the drift
-computed from them is rig.verdict.drift."""
+"""replay.jsonl: the teacher-forced replay's sequences (each reference prompt and greedy
+completion, as token ids) and each side's answer along them (rig.records.ForcedSequence and
+ForcedLogprobs), kept for the report and `rig compare`. The client that fills them is
+replay_client; the drift computed from them is rig.verdict.drift."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rig.records import CompletionKey, TokenLogprob
+from rig.records import CompletionKey, ForcedLogprobs, ForcedSequence, TokenLogprob
 
 REPLAY_FILE = "replay.jsonl"
-
-
-@dataclass(frozen=True)
-class ForcedSequence:
-    """One sequence to replay: the reference's prompt and greedy completion, as token ids."""
-
-    prompt_id: str
-    prompt_token_ids: tuple[int, ...]
-    completion_token_ids: tuple[int, ...]
-
-    @property
-    def key(self) -> CompletionKey:
-        return (self.prompt_id, self.completion_token_ids)
-
-
-@dataclass(frozen=True)
-class ForcedLogprobs:
-    """One side's answer along one forced sequence, or why there is none: the forced token's
-    logprob at every position (index i: token i given tokens < i) and the side's top-k at every
-    completion position."""
-
-    logprobs: tuple[float | None, ...] = ()
-    top: tuple[dict[int, float], ...] = ()
-    error: str | None = None
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "top": [{str(t): v for t, v in top.items()} for top in self.top]}
-
-    @classmethod
-    def from_json(cls, data: dict) -> ForcedLogprobs:
-        top = tuple({int(t): v for t, v in position.items()} for position in data["top"])
-        return cls(tuple(data["logprobs"]), top, data["error"])
 
 
 def write_replay(

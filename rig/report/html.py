@@ -21,9 +21,9 @@ from rig.report.levels import levels_section
 from rig.report.mismatches import Decode, mismatches_section
 from rig.report.plots import drift_figure, margin_figure, side_margins
 from rig.report.prefix_hits import hits_html
-from rig.verdict.gates import VerdictWord
 from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.prefix_hits import PREFIX_GATE
+from rig.verdict.words import VerdictWord
 
 # --- verdict, gates, A/A floor, proofs -----------------------------------------------------
 

@@ -10,10 +10,11 @@ from rig.report.format import DASH, check, missing, number
 from rig.report.mismatches import mismatch_order
 from rig.report.prefix_hits import hits_markdown
 from rig.verdict.compare import PairResult
-from rig.verdict.gates import SideKernel, Verdict
+from rig.verdict.evidence import SideKernel
 from rig.verdict.metrics import LevelSide
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf_records import SERVER_METRICS, Metric, MetricComparison, PerfResult
+from rig.verdict.words import Verdict
 
 # The metrics a level's Markdown row shows, and the names the A/A floor's and a planted
 # slowdown's lines give them.

@@ -22,13 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kernels.proof import STATS_DIR_ENV, InitialStateCounts
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
-from rig.records import RequestRecord, read_records
+from rig.records import ForcedLogprobs, ForcedSequence, RequestRecord, read_records
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
 from rig.secrets import digest, redact_argv, redact_env
 from rig.serve.plan import CACHE_ROOT_ENV, GATE_ENV, ServerPlan
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 
 DEFAULT_ROOT = Path(".cache/golden")
 SMALL_FILE_BYTES = 64 * 1024 * 1024

@@ -1,5 +1,6 @@
 """The run's outcome from its state: which kernel each side ran, the pairs compared, drift,
-performance and the verdict, assembled into the record the report stage renders."""
+the controls and performance, assembled into the Evidence that rig.verdict.gates judges, and
+the verdict with all of it into the record the report stage renders."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 from kernels.backends import reference_kernel_name
 from kernels.proof import InitialStateCounts, KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
-from rig.records import ServerDelta, Side
+from rig.manifest_record import RunManifest
+from rig.records import ADVISORY_LOG_KINDS, RequestRecord, ServerDelta, Side
 from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
@@ -17,29 +19,21 @@ from rig.run.replay import AA_SIDE, aa_concurrency
 from rig.run.self_check import batched_answers, self_check_level
 from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
-from rig.serve.logs import ADVISORY_LOG_KINDS
 from rig.serve.plan import LaunchPlan
 from rig.serve.skew import served_skew
-from rig.verdict.compare import compare_pairs
+from rig.verdict.compare import PairResult, Replayed, compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
-from rig.verdict.gates import (
-    Gate,
-    GateKind,
-    SideKernel,
-    Verdict,
-    VerdictWord,
-    decide,
-    performance_gate,
-    with_gate,
-)
-from rig.verdict.initial_state import chunked_prefill, initial_state_gate
+from rig.verdict.evidence import Evidence, InstallsSeen, SideKernel
+from rig.verdict.gates import decide, failed_verdict, judge_speed
+from rig.verdict.initial_state import chunked_prefill
 from rig.verdict.intervals import TimingDesign
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf import perf_result
+from rig.verdict.perf_records import PerfResult
 from rig.verdict.planted import PlantedDelay
-from rig.verdict.prefix_hits import conversation_hits_gate
-from rig.verdict.self_check import ALONE_SIDE, self_check, self_check_gate
+from rig.verdict.self_check import ALONE_SIDE, SelfCheck, self_check
 from rig.verdict.speed import SpeedDesign, apply_design, speed_design
+from rig.verdict.words import VerdictWord
 
 # Verdict words whose outputs differ beyond near-ties: no speed word compares such sides.
 OUTPUTS_DIFFER = {
@@ -135,11 +129,13 @@ def planted_delay(
     return PlantedDelay(kernel, delay_ms, calls) if delay_ms and calls else None
 
 
-def installs_gate(scenario: Scenario, plan: LaunchPlan, served: dict[str, str]) -> Gate | None:
+def installs_seen(
+    scenario: Scenario, plan: LaunchPlan, served: dict[str, str]
+) -> InstallsSeen | None:
     """Where the sides are served by different installations: what served each, by the probe
-    and by the servers' own word, and no vLLM release between them that the scenario does
-    not declare (preflight checks the probed ones; this catches containers and attached
-    servers). None when both sides share one installation."""
+    and by the servers' own word, and the vLLM release between them that the scenario does
+    not declare (rig.verdict.gates.vllm_installs judges it). None when both sides share one
+    installation."""
     first = {side: plan.side_servers(side)[0] for side in SIDES if plan.side_servers(side)}
     installs = {side: server.install for side, server in first.items() if server.install}
     if len({(i.kind, i.serve_prefix) for i in installs.values()}) < 2:
@@ -154,9 +150,7 @@ def installs_gate(scenario: Scenario, plan: LaunchPlan, served: dict[str, str]) 
         + install.facts.describe()
         for side, install in installs.items()
     )
-    skew = served_skew(scenario, {s: v for s, v in versions.items() if v})
-    detail = f"{skew}; {described}" if skew else described
-    return Gate("vLLM installs", skew is None, detail, GateKind.VALIDITY)
+    return InstallsSeen(described, served_skew(scenario, {s: v for s, v in versions.items() if v}))
 
 
 def side_drift(state: RunState, side: str) -> list[DriftResult]:
@@ -183,26 +177,6 @@ def model_decoder(model_path: str) -> Decode | None:
     return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
-def failed_verdict(verdict: Verdict, error: str) -> Verdict:
-    """The verdict of a run that did not complete: it cannot pass. Only what the candidate
-    wrote in the pairs it compared (a substantive divergence) can make it NOT equivalent: the
-    failed requests of a server that was stopped or died are the stop's doing, not the
-    kernel's. Otherwise it is INCOMPLETE (exit 2, as for a run that could not be made),
-    whichever side's server stopped it (the error names it), and says how far it got. INVALID
-    stays INVALID."""
-    c = verdict.counts
-    compared = (
-        f"{c.pairs} pairs compared before it stopped: {c.identical} identical, {c.near_tie} "
-        f"near-tie, {c.substantive} substantive"
-    )
-    gates = (*verdict.gates, Gate("run completed", False, f"{error.splitlines()[0]}; {compared}"))
-    word = verdict.word
-    diverged = word is VerdictWord.NOT_EQUIVALENT and c.substantive > 0
-    if word is not VerdictWord.INVALID and not diverged:
-        word = VerdictWord.INCOMPLETE
-    return replace(verdict, word=word, passed=False, gates=gates)
-
-
 def run_speed_design(
     scenario: Scenario,
     timing: TimingDesign,
@@ -226,6 +200,130 @@ def run_speed_design(
     )
 
 
+def paired_records(state: RunState) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """The finished records of each side that make pairs: the candidate's, and the reference's
+    that the candidate answered too."""
+    finished_records = [r for r in state.records if finished(r)]
+    candidate = [r for r in finished_records if r.side == Side.CANDIDATE]
+    answered = {r.request_id for r in candidate}
+    reference = [
+        r for r in finished_records if r.side == Side.REFERENCE and r.request_id in answered
+    ]
+    return reference, candidate
+
+
+def aa_control(
+    scenario: Scenario, state: RunState, reference: list[RequestRecord], replayed: Replayed
+) -> tuple[list[PairResult] | None, list[DriftResult] | None]:
+    """The A/A control's pairs and drift; None, None when it did not run. The A/A replay
+    reuses the first level's request ids, so it pairs by id."""
+    if not state.aa_records:
+        return None, None
+    first_level = [r for r in reference if r.level == scenario.workload.concurrency[0]]
+    aa_pairs = compare_pairs(
+        [r for r in first_level if r.repeat == 0],
+        state.aa_records,
+        scenario.gates.near_tie_margin,
+        scenario.workload.max_tokens,
+        replayed,
+    )
+    return aa_pairs, side_drift(state, AA_SIDE)
+
+
+def candidate_self_check(scenario: Scenario, state: RunState) -> SelfCheck | None:
+    """The candidate's batched answers against the same requests alone; None when it did not
+    run."""
+    if not state.alone_records:
+        return None
+    level = self_check_level(scenario)
+    return self_check(
+        batched_answers(state, level),
+        state.alone_records,
+        level,
+        scenario.gates.near_tie_margin,
+        scenario.workload.max_tokens,
+        {Side.CANDIDATE: state.alone_replayed, ALONE_SIDE: state.alone_replayed},
+        gated=scenario.gates.allow_self_check_beyond_aa >= 0,
+    )
+
+
+def measured_perf(ctx: RunContext, state: RunState, timing: TimingDesign) -> PerfResult:
+    """The speed comparison per level, before any design words it, with its intervals set for
+    the family of the workload's levels."""
+    scenario = ctx.scenario
+    return perf_result(
+        state.records,
+        state.aa_records,
+        aa_concurrency(scenario),
+        planted_delay(scenario.candidate.kernel, ctx.plan, state.server_deltas),
+        confidence=SpeedDesign(True).interval_confidence(len(scenario.workload.concurrency)),
+        timing=timing,
+        deltas=state.server_deltas,
+    )
+
+
+def run_evidence(
+    ctx: RunContext,
+    state: RunState,
+    kernels: dict[str, SideKernel],
+    replayed: Replayed,
+    timing: TimingDesign,
+) -> Evidence:
+    """Everything the gates read, from the run's state: the finished pairs compared, the
+    drift, the controls, the kernels, what the scenario asks of them, and the speed."""
+    scenario = ctx.scenario
+    reference, candidate = paired_records(state)
+    pairs = compare_pairs(
+        reference,
+        candidate,
+        scenario.gates.near_tie_margin,
+        scenario.workload.max_tokens,
+        replayed,
+    )
+    aa_pairs, aa_drift = aa_control(scenario, state, reference, replayed)
+    return Evidence(
+        config=scenario.gates,
+        pairs=pairs,
+        kernels=kernels,
+        drift=side_drift(state, Side.CANDIDATE),
+        prefix_cache_hits=sum(p.hits for p in state.server_deltas),
+        requested_kernel=candidate_should_run(scenario),
+        is_aa=is_aa_run(scenario),
+        log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
+        aa_pairs=aa_pairs,
+        aa_drift=aa_drift,
+        reference_backend=(
+            scenario.backend_of(Side.REFERENCE) if scenario.reference.proof != "none" else None
+        ),
+        proof_not_asked=proof_not_asked(scenario),
+        installs=installs_seen(scenario, ctx.plan, state.served_versions),
+        self_check=candidate_self_check(scenario, state),
+        reference=reference,
+        candidate=candidate,
+        perf=measured_perf(ctx, state, timing),
+        levels=len(scenario.workload.concurrency),
+    )
+
+
+def run_manifest(
+    ctx: RunContext, state: RunState, timing: TimingDesign, golden: GoldenEntry | None
+) -> RunManifest:
+    """The manifest as the run started it, with what the run found out."""
+    return replace(
+        ctx.manifest,
+        server_peak_rss_mb=state.peak_rss_mb,
+        gdn_backends=gdn_backends(state.proofs),
+        served_vllm=state.served_versions,
+        schedule=state.schedule,
+        load_schedule=ctx.plan.load_schedule(ctx.scenario.workload).describe(),
+        excluded_blocks=sorted([list(block) for block in timing.excluded]),
+        pair_levels=sorted(timing.pair_levels),
+        stage_one_blocks=timing.stage_one_blocks,
+        golden_run=golden.source_run if golden is not None else None,
+        golden_stored_at=golden.stored_at if golden is not None else None,
+    )
+
+
 def build_outcome(
     ctx: RunContext,
     state: RunState,
@@ -234,141 +332,44 @@ def build_outcome(
     golden: GoldenEntry | None = None,
     golden_key: str = "",
 ) -> RunOutcome:
-    """Compare the finished pairs, decide the verdict, gather what the report shows."""
+    """Assemble the run's evidence, have rig.verdict.gates judge it, gather what the report
+    shows."""
     scenario = ctx.scenario
-    finished_records = [r for r in state.records if finished(r)]
-    reference = [r for r in finished_records if r.side == Side.REFERENCE]
-    candidate = [r for r in finished_records if r.side == Side.CANDIDATE]
-    answered = {r.request_id for r in candidate}
-    reference = [r for r in reference if r.request_id in answered]
     replayed = {
         side: forced_positions(state.sequences, forced) for side, forced in state.forced.items()
     }
-    pairs = compare_pairs(
-        reference,
-        candidate,
-        scenario.gates.near_tie_margin,
-        scenario.workload.max_tokens,
-        replayed,
-    )
-    drift = side_drift(state, Side.CANDIDATE)
-    aa_pairs = aa_drift = None
-    if state.aa_records:
-        # The A/A replay reuses the first level's request ids, so it pairs by id.
-        first_level = [r for r in reference if r.level == scenario.workload.concurrency[0]]
-        aa_pairs = compare_pairs(
-            [r for r in first_level if r.repeat == 0],
-            state.aa_records,
-            scenario.gates.near_tie_margin,
-            scenario.workload.max_tokens,
-            replayed,
-        )
-        aa_drift = side_drift(state, AA_SIDE)
-    hits = sum(p.hits for p in state.server_deltas)
-    workload = scenario.workload
-    candidate_alone = None
-    self_check_gated = scenario.gates.allow_self_check_beyond_aa >= 0
-    if state.alone_records:
-        level = self_check_level(scenario)
-        candidate_alone = self_check(
-            batched_answers(state, level),
-            state.alone_records,
-            level,
-            scenario.gates.near_tie_margin,
-            workload.max_tokens,
-            {Side.CANDIDATE: state.alone_replayed, ALONE_SIDE: state.alone_replayed},
-            gated=self_check_gated,
-        )
     timing = timing_design(ctx, state.server_deltas, state.faults)
-    levels = len(workload.concurrency)  # the family the intervals' confidence is set for
-    raw_perf = perf_result(
-        state.records,
-        state.aa_records,
-        aa_concurrency(scenario),
-        planted_delay(scenario.candidate.kernel, ctx.plan, state.server_deltas),
-        confidence=SpeedDesign(True).interval_confidence(levels),
-        timing=timing,
-        deltas=state.server_deltas,
+    evidence = run_evidence(ctx, state, kernels, replayed, timing)
+    manifest = run_manifest(ctx, state, timing, golden)
+    verdict = decide(evidence)
+    speed = run_speed_design(
+        scenario, timing, verdict.word, error, manifest.golden_run, manifest.golden_stored_at
     )
-    verdict = decide(
-        scenario.gates,
-        pairs,
-        drift,
-        hits,
-        kernels,
-        candidate_should_run(scenario),
-        is_aa_run(scenario),
-        log_faults=sum(f.kind not in ADVISORY_LOG_KINDS for f in state.faults),
-        aa_pairs=aa_pairs,
-        aa_drift=aa_drift,
-        reference_backend=(
-            scenario.backend_of(Side.REFERENCE) if scenario.reference.proof != "none" else None
-        ),
-        proof_not_asked=proof_not_asked(scenario),
-        extra_gates=tuple(
-            g
-            for g in (
-                installs_gate(scenario, ctx.plan, state.served_versions),
-                initial_state_gate(kernels) if scenario.gates.require_initial_state else None,
-                self_check_gate(
-                    candidate_alone, aa_pairs, scenario.gates.allow_self_check_beyond_aa
-                )
-                if self_check_gated
-                else None,
-            )
-            if g
-        ),
-        prefix_gate=(
-            conversation_hits_gate(reference, candidate, scenario.gates.min_prefix_cache_hits)
-            if scenario.gates.min_prefix_cache_hits is not None
-            else None
-        ),
-    )
-    golden_run = golden.source_run if golden is not None else None
-    golden_stored = golden.stored_at if golden is not None else None
-    speed = run_speed_design(scenario, timing, verdict.word, error, golden_run, golden_stored)
-    perf = apply_design(raw_perf, speed)
-    allowed_pct = scenario.gates.max_perf_regression_pct
-    if allowed_pct is not None and raw_perf.levels:  # judges only what the speed line words
-        verdict = with_gate(verdict, performance_gate(raw_perf, speed, allowed_pct, levels))
-    if error is not None:
-        verdict = failed_verdict(verdict, error)
+    verdict = judge_speed(verdict, evidence, speed)
     return RunOutcome(
         run_id=ctx.run_id,
         run_dir=ctx.run_dir,
         scenario_name=scenario.name,
-        manifest=replace(
-            ctx.manifest,
-            server_peak_rss_mb=state.peak_rss_mb,
-            gdn_backends=gdn_backends(state.proofs),
-            served_vllm=state.served_versions,
-            schedule=state.schedule,
-            load_schedule=ctx.plan.load_schedule(workload).describe(),
-            excluded_blocks=sorted([list(block) for block in timing.excluded]),
-            pair_levels=sorted(timing.pair_levels),
-            stage_one_blocks=timing.stage_one_blocks,
-            golden_run=golden_run,
-            golden_stored_at=golden_stored,
-        ),
+        manifest=manifest,
         records=state.records,
-        pairs=pairs,
-        drift=drift,
+        pairs=evidence.pairs,
+        drift=evidence.drift,
         server_deltas=state.server_deltas,
         faults=state.faults,
         kernels=kernels,
-        verdict=verdict,
-        aa_pairs=aa_pairs,
-        aa_drift=aa_drift,
-        self_check=candidate_alone,
+        verdict=verdict if error is None else failed_verdict(verdict, error),
+        aa_pairs=evidence.aa_pairs,
+        aa_drift=evidence.aa_drift,
+        self_check=evidence.self_check,
         timings=state.timings,
-        perf=perf,
+        perf=apply_design(evidence.perf, speed),
         error=error,
         prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
         replayed={side: replayed[side] for side in SIDES if side in replayed},
         chunked_prefill=chunked_prefill(state.records, scenario.model.max_num_batched_tokens),
         speed=speed,
-        comparison="A/A run: the reference against itself" if is_aa_run(scenario) else "",
-        load_schedule=ctx.plan.load_schedule(workload).describe(),
+        comparison="A/A run: the reference against itself" if evidence.is_aa else "",
+        load_schedule=manifest.load_schedule,
         reference_source=(
             f"Reference from the golden cache: run {golden.source_run}, stored "
             f"{golden.stored_at or 'at an unknown time'}, key {golden_key}"

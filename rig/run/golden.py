@@ -12,7 +12,7 @@ from rig.run.state import RunJournal
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
 from rig.serve.plan import LaunchPlan
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,13 @@ from rig.load.server_metrics import (
     server_delta,
 )
 from rig.load.waves import GateUnavailable, ServerGate
-from rig.records import LevelFault, RequestRecord, ServerTarget, Side, SideJob
+from rig.records import JIT_COMPILE, LevelFault, RequestRecord, ServerTarget, Side, SideJob
 from rig.run.pair_load import send_level
 from rig.run.state import RunContext, RunJournal
 from rig.run.turns import run_turns
 from rig.scenario.config import SIDES
 from rig.scenario.workload import level_requests
-from rig.serve.logs import JIT_COMPILE, scan_log
+from rig.serve.logs import scan_log
 from rig.serve.placement import LoadSchedule, shard
 from rig.serve.ray_pairs import PairLost
 from rig.serve.servers import Server, ServerError

@@ -48,7 +48,7 @@ from rig.serve.plan_text import render_plan
 from rig.serve.preflight import PreflightError, preflight
 from rig.serve.ray_pairs import RayPairs
 from rig.serve.servers import ServerError, ServerSet
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 from rig.verdict.outcome import RunOutcome
 
 RIG_ERROR_FILE = "rig-error.txt"  # the traceback of a failure of the rig's own

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kernels.proof import KernelProof
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
 from rig.manifest_record import RunManifest
 from rig.records import (
     REQUESTS_FILE,
     CompletionKey,
+    ForcedLogprobs,
+    ForcedSequence,
     LevelFault,
     RequestRecord,
     ServerDelta,

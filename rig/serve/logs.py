@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-JIT_COMPILE = "jit_compile"
+from rig.records import JIT_COMPILE
+
 LOG_FAULTS = {
     "out_of_memory": re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory", re.I),
     "cuda_error": re.compile(r"CUDA error|cudaError|illegal memory access|device-side assert"),
@@ -17,7 +18,6 @@ LOG_FAULTS = {
     # level's timings include the compilation: the report flags that level.
     JIT_COMPILE: re.compile(r"during inference: .*consider extending warmup"),
 }
-ADVISORY_LOG_KINDS = frozenset({JIT_COMPILE})  # flagged in the report, no gate counts them
 
 
 @dataclass(frozen=True)

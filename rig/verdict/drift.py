@@ -16,8 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
-from rig.records import CompletionKey, RequestRecord, TokenLogprob
+from rig.records import CompletionKey, ForcedLogprobs, ForcedSequence, RequestRecord, TokenLogprob
 
 
 @dataclass(frozen=True)

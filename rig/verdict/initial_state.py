@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rig.records import RequestRecord, Side
 from rig.scenario.config import SIDES
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 from rig.verdict.words import Gate, GateKind
 
 

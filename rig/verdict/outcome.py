@@ -10,11 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rig.manifest_record import RunManifest
-from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
-from rig.serve.logs import JIT_COMPILE
+from rig.records import (
+    JIT_COMPILE,
+    CompletionKey,
+    LevelFault,
+    RequestRecord,
+    ServerDelta,
+    TokenLogprob,
+)
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
-from rig.verdict.gates import SideKernel, Verdict
+from rig.verdict.evidence import SideKernel
 from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.metrics import (
     BlockSummary,
@@ -28,6 +34,7 @@ from rig.verdict.perf_records import PerfResult
 from rig.verdict.prefix_hits import TurnHits, hits_by_turn
 from rig.verdict.self_check import SelfCheck
 from rig.verdict.speed import SpeedDesign, speed_headline
+from rig.verdict.words import Verdict
 
 
 @dataclass

@@ -1,10 +1,13 @@
-"""The verdict's words, and the record every gate returns: what each gate module builds and
-rig.verdict.gates turns into the word."""
+"""The verdict's words and its records: the Gate every gate returns, the Counts the word reads,
+the Verdict the report receives, and how the word follows from the gates that failed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+from rig.records import ExitCode
 
 
 class GateKind(StrEnum):
@@ -34,3 +37,61 @@ class Gate:
     passed: bool
     detail: str
     kind: GateKind = GateKind.EQUIVALENCE
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What the pairs and the replay came to, as the word and the reports read them."""
+
+    pairs: int
+    identical: int
+    near_tie: int
+    substantive: int
+    pathologies: int
+    prefix_cache_hits: float
+    drift_mean: float
+    drift_max: float
+    drift_errors: int
+    prompt_drift_mean: float = math.nan
+    unclassified: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The word, whether the run passed, and every gate line behind them, in report order."""
+
+    word: VerdictWord
+    passed: bool
+    gates: tuple[Gate, ...]
+    counts: Counts
+    aa_counts: Counts | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def failed_gates(self) -> list[Gate]:
+        return [gate for gate in self.gates if not gate.passed]
+
+    def exit_code(self, error: str | None = None) -> ExitCode:
+        """The run's exit code: 2 when it did not complete, else what the verdict says."""
+        if error is not None or self.word is VerdictWord.INCOMPLETE:
+            return ExitCode.ERROR
+        if self.passed:
+            return ExitCode.PASS
+        undecided = (VerdictWord.INVALID, VerdictWord.UNCLASSIFIED)
+        return ExitCode.INVALID if self.word in undecided else ExitCode.FAILED
+
+
+def verdict_word(gates: list[Gate], counts: Counts, aa_counts: Counts | None) -> VerdictWord:
+    """The word, from the kinds of the gates that failed and, when none did, the counts."""
+    failed = {gate.kind for gate in gates if not gate.passed}
+    if GateKind.VALIDITY in failed:
+        return VerdictWord.INVALID
+    if GateKind.EQUIVALENCE in failed:
+        return VerdictWord.NOT_EQUIVALENT
+    if GateKind.UNCLASSIFIED in failed:
+        return VerdictWord.UNCLASSIFIED
+    if counts.identical == counts.pairs and counts.pairs > 0:
+        return VerdictWord.IDENTICAL
+    if aa_counts is not None and counts.near_tie <= aa_counts.pairs - aa_counts.identical:
+        return VerdictWord.NEAR_TIES_IN_FLOOR
+    return VerdictWord.NEAR_TIES

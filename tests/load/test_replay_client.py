@@ -23,8 +23,7 @@ from rig.load.replay_client import (
     teacher_forced_logprobs,
     tokenize,
 )
-from rig.load.replay_records import ForcedSequence
-from rig.records import ServerTarget, TokenLogprob
+from rig.records import ForcedSequence, ServerTarget, TokenLogprob
 from rig.salts import validate_cache_salt
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
 from tests.aiohttp_thread import serve_app_in_thread

@@ -1,7 +1,7 @@
 """replay.jsonl: the replay's answers on disk, read back as the positions the verdict uses."""
 
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence, read_replay, write_replay
-from rig.records import TokenLogprob
+from rig.load.replay_records import read_replay, write_replay
+from rig.records import ForcedLogprobs, ForcedSequence, TokenLogprob
 from rig.verdict.drift import forced_positions
 
 SEQUENCE = ForcedSequence("p0", prompt_token_ids=(10, 11, 12), completion_token_ids=(13, 14, 15))

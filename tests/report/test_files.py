@@ -3,13 +3,13 @@ import xml.etree.ElementTree as ET
 
 import pandas as pd
 
-from rig.records import LevelFault, ServerDelta, TokenLogprob
+from rig.records import JIT_COMPILE, LevelFault, ServerDelta, TokenLogprob
 from rig.report.files import render_junit
 from rig.scenario.gates_config import GatesConfig
-from rig.serve.logs import JIT_COMPILE
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult
-from rig.verdict.gates import SideKernel, decide
+from rig.verdict.evidence import Evidence, SideKernel
+from rig.verdict.gates import decide
 from rig.verdict.outcome import RunOutcome
 from tests.report_synthetic import unit_manifest
 
@@ -79,7 +79,7 @@ def build_outcome(make_record, tmp_path, records=None) -> RunOutcome:
         DriftResult("p0", 5, 0.02, 0.01, 0.02, 0.0, 0.0, 0),
         DriftResult("p1", 0, *[float("nan")] * 5, 0, error=f"RuntimeError: {SCRIPT}"),
     ]
-    verdict = decide(GatesConfig(), pairs, drift, 0.0, KERNELS, "ns4", False)
+    verdict = decide(Evidence(GatesConfig(), pairs, KERNELS, drift, requested_kernel="ns4"))
     return RunOutcome(
         run_id="run-1",
         run_dir=tmp_path / "run-1",
@@ -232,7 +232,9 @@ def test_junit_for_a_reference_only_failure(make_record, tmp_path):
 def test_junit_passes_when_everything_is_identical(make_record, tmp_path):
     records = [make_record(side, "q0", text="same") for side in ("reference", "candidate")]
     outcome = build_outcome(make_record, tmp_path, records)
-    outcome.verdict = decide(GatesConfig(), outcome.pairs, [], 0.0, KERNELS, "ns4", False)
+    outcome.verdict = decide(
+        Evidence(GatesConfig(), outcome.pairs, KERNELS, requested_kernel="ns4")
+    )
     suite = ET.fromstring(render_junit(outcome))
     assert suite.get("failures") == "0"
     assert not list(suite.iter("failure"))

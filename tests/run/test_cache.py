@@ -12,13 +12,13 @@ from pathlib import Path
 
 import rig.run.cache
 from kernels.proof import InitialStateCounts
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
+from rig.records import ForcedLogprobs, ForcedSequence
 from rig.run.cache import ENTRY_FORMAT, GoldenCache, GoldenEntry, golden_key, model_digest
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import ChatMessage, Prompt
 from rig.serve.hardware import Hardware
 from rig.serve.plan import plan_servers
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 
 REPO = Path(__file__).resolve().parents[2]
 

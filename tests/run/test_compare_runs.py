@@ -5,8 +5,8 @@ import re
 import numpy as np
 import pytest
 
-from rig.load.replay_records import REPLAY_FILE, ForcedLogprobs, ForcedSequence, write_replay
-from rig.records import REQUESTS_FILE, TokenLogprob
+from rig.load.replay_records import REPLAY_FILE, write_replay
+from rig.records import REQUESTS_FILE, ForcedLogprobs, ForcedSequence, TokenLogprob
 from rig.report.files import write_report
 from rig.report.tables import perf_table, read_perf_table
 from rig.run.cache import GoldenEntry

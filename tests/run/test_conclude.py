@@ -1,24 +1,24 @@
-"""The outcome from a run's state, without servers: kernels per side, the planted delay, and
-the verdict of a run that did not complete."""
-
-from dataclasses import replace
+"""The outcome from a run's state, without servers: kernels per side, the planted delay, the
+evidence the gates read, and the verdict and speed line of the outcome."""
 
 import rig.run.conclude
 from kernels.proof import InitialStateCounts, KernelProof
-from rig.records import ServerDelta
+from rig.records import JIT_COMPILE, LevelFault, ServerDelta
 from rig.run.cache import GoldenEntry
 from rig.run.conclude import (
     build_outcome,
     candidate_should_run,
-    failed_verdict,
     gdn_backends,
+    installs_seen,
     is_aa_run,
     planted_delay,
     proof_not_asked,
+    run_evidence,
     side_kernels,
 )
+from rig.run.load_phase import timing_design
 from rig.run.state import RunState
-from rig.verdict.gates import Counts, Gate, SideKernel, Verdict, VerdictWord
+from rig.verdict.evidence import SideKernel
 from rig.verdict.perf_records import Metric
 from tests.run_fakes import run_context, scenario
 
@@ -34,30 +34,6 @@ def test_aa_run_means_identically_configured_sides():
     assert is_aa_run(scenario())
     assert not is_aa_run(scenario(candidate={"kernel": "ns4"}))
     assert not is_aa_run(scenario(candidate={"env": {"X": "1"}}))
-
-
-def test_a_run_that_did_not_complete_is_incomplete_unless_the_candidate_diverged():
-    """Stopped after 224 of 384 pairs, all identical: INCOMPLETE (exit 2), with how far it got;
-    a failed pathology gate from the stop's failed requests does not change that; substantive
-    divergences among the compared pairs do; INVALID stays INVALID."""
-    counts = Counts(224, 224, 0, 0, 0, 0.0, 0.0, 0.0, 0)
-    passed = Verdict(VerdictWord.IDENTICAL, True, (Gate("text", True, "all"),), counts)
-    failed = failed_verdict(passed, "interrupted (Ctrl-C)\nmore")
-    assert (failed.word, failed.passed) == ("INCOMPLETE", False)
-    assert failed.exit_code() == 2
-    assert failed.gates[-1] == Gate(
-        "run completed",
-        False,
-        "interrupted (Ctrl-C); 224 pairs compared before it stopped: 224 identical, 0 near-tie, "
-        "0 substantive",
-    )
-    assert failed.counts is counts
-    stopped = Verdict(VerdictWord.NOT_EQUIVALENT, False, (), replace(counts, pathologies=3))
-    assert failed_verdict(stopped, "candidate server died").word == "INCOMPLETE"
-    diverged = Verdict(VerdictWord.NOT_EQUIVALENT, False, (), replace(counts, substantive=2))
-    assert failed_verdict(diverged, "interrupted").word == "NOT equivalent"
-    invalid = Verdict(VerdictWord.INVALID, False, (), counts)
-    assert failed_verdict(invalid, "x").word == "INVALID"
 
 
 def test_side_kernels_join_a_sides_servers_and_take_a_cached_reference(tmp_path, monkeypatch):
@@ -113,6 +89,32 @@ def test_outcome_compares_only_pairs_both_sides_finished(tmp_path, make_record):
     assert outcome.verdict.failed_gates[-1].name == "run completed"
     assert outcome.manifest.schedule == [] and outcome.records is state.records
     assert outcome.aa_pairs is None and outcome.drift == []
+
+
+def test_the_evidence_holds_what_the_gates_read_from_the_state(tmp_path, make_record):
+    """Only pairs both sides finished; a JIT compile in a server's log is no fault the gates
+    count; what the scenario asks of the kernels; the speed before any design words it."""
+    ctx = run_context(tmp_path, candidate={"kernel": "ns4"}, drift={"enabled": False},
+                      workload=ONE_LEVEL)  # fmt: skip
+    state = timed_blocks(make_record)
+    state.records.append(make_record("reference", "late"))
+    state.faults += [
+        LevelFault("candidate", 1, JIT_COMPILE, "compiled during inference"),
+        LevelFault("candidate", 1, "traceback", "Traceback (most recent call last)"),
+    ]
+    evidence = run_evidence(ctx, state, KERNELS, {}, timing_design(ctx, [], state.faults))
+    assert len(evidence.pairs) == len(evidence.candidate) == len(evidence.reference) == 12
+    assert "late" not in {r.request_id for r in evidence.reference}
+    assert evidence.log_faults == 1
+    assert (evidence.requested_kernel, evidence.is_aa, evidence.proof_not_asked) == (
+        "ns4",
+        False,
+        None,
+    )
+    assert evidence.aa_pairs is None and evidence.self_check is None and evidence.levels == 1
+    assert evidence.installs is None  # both sides share this interpreter's installation
+    assert [level.level for level in evidence.perf.levels] == [1]
+    assert installs_seen(ctx.scenario, ctx.plan, {}) is None
 
 
 def test_what_the_candidate_must_have_run_and_whether_a_proof_is_asked():

@@ -2,12 +2,11 @@
 
 from dataclasses import replace
 
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
-from rig.records import REQUESTS_FILE
+from rig.records import REQUESTS_FILE, ForcedLogprobs, ForcedSequence
 from rig.run.cache import GoldenCache
 from rig.run.golden import cost_comparison, lookup_golden, store_golden, take_golden
 from rig.run.state import RunState
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 from tests.run_fakes import open_journal, run_context
 
 KERNELS = {"reference": SideKernel("reference", "vllm-cpu-native", 4)}

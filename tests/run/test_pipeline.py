@@ -5,15 +5,14 @@ import pytest
 
 import rig.serve.installs as installs_module
 from rig import PROJECT_ROOT
-from rig.load.replay_records import ForcedSequence
-from rig.records import REQUESTS_FILE, ExitCode
+from rig.records import REQUESTS_FILE, ExitCode, ForcedSequence
 from rig.run.cache import GoldenCache
 from rig.run.golden import lookup_golden, store_golden
 from rig.run.pipeline import Runner, _check_resumable, main
 from rig.run.state import RunState
 from rig.scenario.config import ScenarioError
 from rig.serve.installs import InstallFacts
-from rig.verdict.gates import SideKernel
+from rig.verdict.evidence import SideKernel
 from tests.run_fakes import open_journal, run_context, scenario
 
 

@@ -4,8 +4,7 @@ salts, and where the answers land."""
 import pytest
 
 import rig.run.replay
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
-from rig.records import ServerTarget
+from rig.records import ForcedLogprobs, ForcedSequence, ServerTarget
 from rig.run.replay import AA_SIDE, aa_concurrency, replay, replay_indices, run_aa
 from rig.run.state import RunState
 from tests.run_fakes import FakeServer, run_context, scenario

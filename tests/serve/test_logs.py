@@ -1,6 +1,7 @@
 """Server-log reading: the faults a level's slice of a log shows and a failed start's root cause."""
 
-from rig.serve.logs import ADVISORY_LOG_KINDS, JIT_COMPILE, root_cause, scan_log
+from rig.records import ADVISORY_LOG_KINDS, JIT_COMPILE
+from rig.serve.logs import root_cause, scan_log
 
 
 def test_scan_log_finds_faults():

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from rig.load.replay_records import ForcedLogprobs, ForcedSequence
+from rig.records import ForcedLogprobs, ForcedSequence
 from rig.verdict.drift import drift_between, drift_results, replay_selection
 
 SEQUENCE = ForcedSequence("p0", prompt_token_ids=(10, 11, 12), completion_token_ids=(13, 14, 15))

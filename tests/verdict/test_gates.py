@@ -7,19 +7,30 @@ from rig.records import ExitCode
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.compare import Divergence, PairResult, Pathology
 from rig.verdict.drift import DriftResult
+from rig.verdict.evidence import Evidence, InstallsSeen, SideKernel, count
 from rig.verdict.gates import (
-    Gate,
-    GateKind,
-    SideKernel,
-    VerdictWord,
-    count,
+    GATES,
     decide,
+    drift_within_floor,
+    failed_verdict,
+    initial_state,
+    judge_speed,
+    near_ties_beyond_aa,
+    pairs_compared,
+    pathologies,
     performance_gate,
-    verdict_word,
+    prefix_cache_hits,
+    self_check,
+    substantive_divergences,
+    teacher_forced_drift,
+    unclassified_divergences,
+    vllm_installs,
     with_gate,
 )
 from rig.verdict.perf_records import NOISE, SLOWER, UNEQUAL, Comparison, Metric, PerfResult
+from rig.verdict.self_check import SelfCheck
 from rig.verdict.speed import SpeedDesign, speed_design
+from rig.verdict.words import Counts, Gate, GateKind, Verdict, VerdictWord, verdict_word
 from tests.perf_builders import changed, perf_level
 
 KERNELS = {
@@ -77,15 +88,18 @@ def verdict(
     gates=None,
     **kwargs,
 ):
+    """decide() on the Evidence of these pairs and drift; kwargs are Evidence's fields."""
     return decide(
-        gates or GatesConfig(),
-        list(pairs),
-        list(drift_results),
-        hits,
-        kernels,
-        requested,
-        is_aa,
-        **kwargs,
+        Evidence(
+            config=gates or GatesConfig(),
+            pairs=list(pairs),
+            kernels=kernels,
+            drift=list(drift_results),
+            prefix_cache_hits=hits,
+            requested_kernel=requested,
+            is_aa=is_aa,
+            **kwargs,
+        )
     )
 
 
@@ -431,17 +445,6 @@ def test_a_gate_added_after_the_word_keeps_the_word_and_fails_the_run():
     assert with_gate(passed, Gate(GATE, True, "ok", GateKind.PERFORMANCE)).passed
 
 
-def test_count_sums_what_the_gates_need():
-    sick = Pathology("candidate", "invalid_utf8", "x", candidate_only=True)
-    pairs = [pair("a"), pair("b", "near_tie"), pair("c", "substantive", (sick,))]
-    counts = count(pairs, [drift(0.2, maximum=0.5), drift(0.4, maximum=0.3)], 2.0)
-    assert (counts.pairs, counts.identical, counts.near_tie, counts.substantive) == (3, 1, 1, 1)
-    assert counts.pathologies == 1
-    assert counts.prefix_cache_hits == 2.0
-    assert counts.drift_mean == pytest.approx(0.3)
-    assert counts.drift_max == pytest.approx(0.5)
-
-
 def test_prefix_cache_hits_make_the_run_invalid():
     """A hit means some prefill never ran the kernel under test: the run vouches for nothing."""
     result = verdict(identical(3), hits=1.0)
@@ -544,11 +547,205 @@ def test_exit_codes_tell_a_broken_setup_from_a_broken_kernel():
     assert invalid.exit_code("the candidate server died") == ExitCode.ERROR == 2
 
 
-def test_a_conversation_workloads_prefix_gate_replaces_no_hits():
-    """Hits by design: the conversation gate (rig.verdict.prefix_hits) decides, INVALID when
-    it fails, whatever the counters' total."""
-    by_design = Gate("prefix-cache hits", True, "cached prompt tokens: ...", GateKind.VALIDITY)
-    result = verdict(identical(3), hits=6400.0, prefix_gate=by_design)
-    assert result.passed and gate(result, "prefix-cache hits") is by_design
-    unequal = replace(by_design, passed=False)
-    assert verdict(identical(3), hits=6400.0, prefix_gate=unequal).word is VerdictWord.INVALID
+# --- each gate on its own ------------------------------------------------------------------------
+
+
+def evidence(pairs=(), drift_results=(), **fields) -> Evidence:
+    fields.setdefault("config", GatesConfig())
+    fields.setdefault("kernels", KERNELS)
+    fields.setdefault("requested_kernel", "ns4")
+    return Evidence(pairs=list(pairs), drift=list(drift_results), **fields)
+
+
+def test_pairs_compared_is_a_validity_gate_on_the_pair_count():
+    assert pairs_compared(evidence(identical(2))) == Gate(
+        "pairs compared", True, "2 request pairs compared", GateKind.VALIDITY
+    )
+    assert not pairs_compared(evidence()).passed
+
+
+def test_substantive_divergences_names_the_allowance_and_the_near_ties():
+    found = substantive_divergences(evidence([pair("s", "substantive"), pair("t", "near_tie")]))
+    assert not found.passed and found.kind is GateKind.EQUIVALENCE
+    assert found.detail == "1 substantive (allowed 0); 1 near-ties at margin <= 0.25"
+    allowed = evidence(
+        [pair("s", "substantive")], config=GatesConfig(max_substantive_divergences=1)
+    )
+    assert substantive_divergences(allowed).passed
+
+
+def test_unclassified_divergences_fail_with_how_to_classify_them():
+    assert unclassified_divergences(evidence(identical(2))).passed
+    found = unclassified_divergences(evidence([pair("u", "unclassified")]))
+    assert not found.passed and found.kind is GateKind.UNCLASSIFIED
+    assert found.detail.endswith("set drift.enabled: true to classify them")
+
+
+def test_pathologies_counts_server_log_faults_against_the_allowance():
+    assert pathologies(evidence(identical(2))).passed
+    assert not pathologies(evidence(identical(2), log_faults=1)).passed
+    assert pathologies(evidence(identical(2), log_faults=1, config=GatesConfig(max_pathologies=1)))
+
+
+def test_prefix_cache_hits_without_and_with_a_conversation_workload(make_record):
+    """Without `gates.min_prefix_cache_hits` any hit beyond the allowance is INVALID; with it
+    the conversation gate judges the paired records' cached tokens, whatever the total."""
+    hit = prefix_cache_hits(evidence(identical(2), prefix_cache_hits=2.0))
+    assert hit == Gate("prefix-cache hits", False, "2 hits (allowed 0)", GateKind.VALIDITY)
+    reference = [make_record("reference", "q0", cached_tokens=640, prompt_tokens=1400)]
+    candidate = [make_record("candidate", "q0", cached_tokens=640, prompt_tokens=1400)]
+    config = GatesConfig(min_prefix_cache_hits=600)
+    by_design = evidence(
+        identical(1),
+        prefix_cache_hits=6400.0,
+        config=config,
+        reference=reference,
+        candidate=candidate,
+    )
+    found = prefix_cache_hits(by_design)
+    assert found.passed and found.detail.startswith("cached prompt tokens: reference 640")
+    unequal = replace(by_design, candidate=[replace(candidate[0], cached_tokens=0)])
+    assert not prefix_cache_hits(unequal).passed
+    assert decide(unequal).word is VerdictWord.INVALID
+
+
+def test_teacher_forced_drift_names_each_bound_it_checks():
+    assert teacher_forced_drift(evidence(identical(1))) is None  # no replay, no gate
+    config = GatesConfig(max_mean_drift=0.1, max_request_drift=0.5, max_mean_prompt_drift=0.25)
+    found = teacher_forced_drift(evidence(identical(1), [drift(0.05, maximum=0.6)], config=config))
+    assert not found.passed  # the max is over its bound
+    assert found.detail == (
+        "mean abs Δlogprob 0.0500, max 0.6000 (mean allowed 0.1) (max allowed 0.5); "
+        "prompt positions mean 0.0000 (allowed 0.25)"
+    )
+
+
+def test_drift_within_floor_needs_a_replay_a_factor_and_a_floor():
+    config = GatesConfig(calibration_drift=0.01, max_drift_over_floor=2.0)
+    assert drift_within_floor(evidence(identical(1), config=config)) is None
+    assert drift_within_floor(evidence(identical(1), [drift(0.01)])) is None
+    assert drift_within_floor(evidence(identical(1), [drift(0.019)], config=config)).passed
+    assert not drift_within_floor(evidence(identical(1), [drift(0.021)], config=config)).passed
+
+
+def test_near_ties_beyond_aa_needs_the_control_and_its_key():
+    near = [pair(f"t{i}", "near_tie") for i in range(3)]
+    keyed = GatesConfig(allow_near_ties_beyond_aa=0)
+    assert near_ties_beyond_aa(evidence(near, config=keyed)) is None  # no A/A control
+    assert near_ties_beyond_aa(evidence(near, aa_pairs=aa_pairs(4, 1))) is None  # key unset
+    found = near_ties_beyond_aa(evidence(near, aa_pairs=aa_pairs(4, 1), config=keyed))
+    assert not found.passed and found.detail == ("3 near-ties vs A/A floor 1 (allowed beyond: 0)")
+
+
+def test_vllm_installs_fails_on_a_skew_the_scenario_does_not_declare():
+    assert vllm_installs(evidence(identical(1))) is None  # one installation
+    seen = InstallsSeen("reference (venv): vLLM 0.1; candidate (venv): vLLM 0.2")
+    assert vllm_installs(evidence(identical(1), installs=seen)).passed
+    skewed = replace(seen, skew="vLLM 0.1 vs 0.2, not declared")
+    found = vllm_installs(evidence(identical(1), installs=skewed))
+    assert not found.passed and found.kind is GateKind.VALIDITY
+    assert found.detail == f"vLLM 0.1 vs 0.2, not declared; {seen.described}"
+
+
+def test_initial_state_only_where_the_scenario_asks_for_it():
+    assert initial_state(evidence(identical(1))) is None
+    asked = evidence(identical(1), config=GatesConfig(require_initial_state=True))
+    found = initial_state(asked)  # KERNELS' proofs counted no initial state
+    assert not found.passed and decide(asked).word is VerdictWord.INVALID
+
+
+def test_self_check_only_where_gated_and_fails_without_its_controls():
+    assert self_check(evidence(identical(1))) is None
+    gated = GatesConfig(allow_self_check_beyond_aa=0)
+    assert not self_check(evidence(identical(1), config=gated)).passed
+    check = SelfCheck(4, 2, tuple(identical(2)), gated=True)
+    held = evidence(identical(1), config=gated, self_check=check, aa_pairs=aa_pairs(2, 0))
+    assert self_check(held).passed
+
+
+def test_the_gates_run_in_the_order_the_reports_list_them():
+    everything = GatesConfig(
+        allow_near_ties_beyond_aa=1,
+        allow_self_check_beyond_aa=1,
+        max_drift_over_floor=2.0,
+        require_initial_state=True,
+    )
+    full = evidence(
+        identical(2),
+        [drift(0.01)],
+        config=everything,
+        aa_pairs=aa_pairs(2, 0),
+        aa_drift=[drift(0.01)],
+        reference_backend="triton",
+        installs=InstallsSeen("a; b"),
+    )
+    assert [g.name for g in decide(full).gates] == [
+        "pairs compared",
+        "substantive divergences",
+        "unclassified divergences",
+        "pathologies",
+        "prefix-cache hits",
+        "teacher-forced drift",
+        "drift within the floor",
+        "near-ties beyond the A/A floor",
+        "candidate kernel active",
+        "reference backend",
+        "vLLM installs",
+        "initial state exercised",
+        "self-check beyond the A/A floor",
+    ]
+    assert len(GATES) == 13
+
+
+def test_a_new_gate_is_a_function_and_a_line_in_the_list():
+    """What rig.verdict.gates' docstring promises: decide runs any list of rules, a rule's
+    None leaves no line, and the kind of a failed one picks the word."""
+
+    def flips(e: Evidence) -> Gate | None:
+        return Gate("answers flipped", len(e.pairs) < 3, f"{len(e.pairs)} pairs")
+
+    def never(e: Evidence) -> Gate | None:
+        return None
+
+    two = evidence(identical(2))
+    result = decide(two, (*GATES, flips, never))
+    assert result.gates[-1] == Gate("answers flipped", True, "2 pairs") and result.passed
+    failed = decide(evidence(identical(3)), (*GATES, flips))
+    assert (failed.word, failed.passed) == (VerdictWord.NOT_EQUIVALENT, False)
+    assert decide(two, (pairs_compared,)).gates == (pairs_compared(two),)
+
+
+def test_judge_speed_adds_the_performance_gate_only_where_asked_and_timed():
+    slow = PerfResult((changes(1, {Metric.MEAN_TTFT: (50, 40, 60)}, word=SLOWER),))
+    timed = evidence(identical(2), perf=slow)
+    before = decide(timed)
+    assert judge_speed(before, timed, MEASURED) is before  # no max_perf_regression_pct
+    asked = replace(timed, config=GatesConfig(max_perf_regression_pct=5))
+    judged = judge_speed(decide(asked), asked, MEASURED)
+    assert judged.gates[-1].name == GATE and not judged.passed and judged.word == "identical"
+    untimed = replace(asked, perf=PerfResult(()))
+    assert GATE not in gate_names(judge_speed(decide(untimed), untimed, MEASURED))
+
+
+def test_a_run_that_did_not_complete_is_incomplete_unless_the_candidate_diverged():
+    """Stopped after 224 of 384 pairs, all identical: INCOMPLETE (exit 2), with how far it got;
+    a failed pathology gate from the stop's failed requests does not change that; substantive
+    divergences among the compared pairs do; INVALID stays INVALID."""
+    counts = Counts(224, 224, 0, 0, 0, 0.0, 0.0, 0.0, 0)
+    passed = Verdict(VerdictWord.IDENTICAL, True, (Gate("text", True, "all"),), counts)
+    failed = failed_verdict(passed, "interrupted (Ctrl-C)\nmore")
+    assert (failed.word, failed.passed) == ("INCOMPLETE", False)
+    assert failed.exit_code() == 2
+    assert failed.gates[-1] == Gate(
+        "run completed",
+        False,
+        "interrupted (Ctrl-C); 224 pairs compared before it stopped: 224 identical, 0 near-tie, "
+        "0 substantive",
+    )
+    assert failed.counts is counts
+    stopped = Verdict(VerdictWord.NOT_EQUIVALENT, False, (), replace(counts, pathologies=3))
+    assert failed_verdict(stopped, "candidate server died").word == "INCOMPLETE"
+    diverged = Verdict(VerdictWord.NOT_EQUIVALENT, False, (), replace(counts, substantive=2))
+    assert failed_verdict(diverged, "interrupted").word == "NOT equivalent"
+    invalid = Verdict(VerdictWord.INVALID, False, (), counts)
+    assert failed_verdict(invalid, "x").word == "INVALID"

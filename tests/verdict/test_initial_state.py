@@ -3,8 +3,11 @@ a non-zero state) and each prompt's chunk count at the step budget."""
 
 from kernels.proof import InitialStateCounts
 from rig.scenario.gates_config import GatesConfig
-from rig.verdict.gates import GateKind, SideKernel, decide
+from rig.verdict.compare import PairResult
+from rig.verdict.evidence import Evidence, SideKernel
+from rig.verdict.gates import decide
 from rig.verdict.initial_state import chunked_prefill, initial_state_gate
+from rig.verdict.words import GateKind
 
 CONTINUED = InitialStateCounts(calls=4, sequences=6, tokens=900, all_sequences=10, all_tokens=1200)
 NONE_CONTINUED = InitialStateCounts(0, 0, 0, 10, 1200)
@@ -38,17 +41,19 @@ def test_a_side_without_such_sequences_makes_the_run_invalid_and_is_named():
 
 
 def test_the_gate_turns_the_word_to_invalid():
-    verdict = decide(
-        GatesConfig(),
-        [],
-        [],
-        0.0,
+    same = [PairResult("q0", "p", 1, 0, 0, identical=True, divergence=None, pathologies=())]
+    asked = Evidence(
+        GatesConfig(require_initial_state=True),
+        same,
         kernels(CONTINUED, NONE_CONTINUED),
-        "ns4",
-        False,
-        extra_gates=(initial_state_gate(kernels(NONE_CONTINUED, CONTINUED)),),
+        [],
+        requested_kernel="ns4",
     )
+    verdict = decide(asked)
     assert verdict.word == "INVALID" and verdict.exit_code() == 3
+    assert verdict.failed_gates == [initial_state_gate(asked.kernels)]
+    not_asked = Evidence(GatesConfig(), same, asked.kernels, requested_kernel="ns4")
+    assert decide(not_asked).word == "identical"
 
 
 def test_chunks_per_prompt_from_the_references_prompt_tokens(make_record):

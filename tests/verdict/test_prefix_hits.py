@@ -4,8 +4,8 @@ floor per side, turns after a divergence left out of the equality, unreported co
 from __future__ import annotations
 
 from rig.records import RequestRecord, ServerTarget, empty_record
-from rig.verdict.gates import GateKind
 from rig.verdict.prefix_hits import conversation_hits_gate, hits_by_turn
+from rig.verdict.words import GateKind
 from tests.stub_requests import spec
 
 
