@@ -306,21 +306,10 @@ class RoutedGdnOp:
         return route.counter.call(self.rig_reference_forward, *args, **kwargs)
 
     def forward_candidate(
-        self,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state,
-        output_final_state,
-        cu_seqlens=None,
-        chunk_indices=None,
-        chunk_offsets=None,
-        use_qk_l2norm_in_kernel=True,
-        core_attn_out=None,
-        aiter_prefill_metadata=None,
-    ):
+        self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
+        chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=True,
+        core_attn_out=None, aiter_prefill_metadata=None,
+    ):  # fmt: skip
         """vLLM's forward_cuda signature; the candidate gets FLA's contract of it."""
         counter = self.rig_route.counter
         self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
@@ -328,20 +317,11 @@ class RoutedGdnOp:
         if self.rig_vllm_backend not in FLA_METADATA_BACKENDS:
             chunk_indices = chunk_offsets = None  # e.g. cutedsl's are not FLA's layout
         return counter.call(
-            self.rig_route.candidate,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            chunk_indices=chunk_indices,
-            chunk_offsets=chunk_offsets,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            core_attn_out=core_attn_out,
-        )
+            self.rig_route.candidate, q, k, v, g, beta, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, core_attn_out=core_attn_out,
+        )  # fmt: skip
 
 
 def install_cuda(spec: KernelSpec | None) -> type:
