@@ -1,7 +1,8 @@
 """The layout says the pipeline: packages import only from the stages before them, no module
 imports itself round a cycle, no module outgrows one sitting (400 lines), and each stage does
-its own job: HTTP on the wire only in load/ (and serve/'s health checks), tables (pandas) only
-in verdict/ and report/, report/ renders what verdict/ hands it, verdict/ does no network I/O."""
+its own job: HTTP on the wire only in load/ (and serve/'s health checks), through two clients
+(the timed one on raw sockets, rig.untimed_http for the rest), tables (pandas) only in verdict/
+and report/, report/ renders what verdict/ hands it, verdict/ does no network I/O."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ ORDER = (
     "rig",
     "rig.salts",
     "rig.secrets",
+    "rig.untimed_http",
     "rig.records",
     "rig.interrupts",
     "rig.scenario",
@@ -32,8 +34,12 @@ ORDER = (
 )
 MAX_LINES = 400
 HTTP_LIBRARIES = ("urllib.request", "urllib.error", "http.client", "aiohttp", "httpx", "requests")
-# Outside load/, the only modules that may speak HTTP, and why: each asks whether something is
-# up before any load, and nothing it reads goes into a result.
+UNTIMED_CLIENT = "rig.untimed_http"  # the one module that imports an HTTP library
+UNTIMED_LIBRARIES = ("urllib.request", "urllib.error", "http.client")  # its one stack: stdlib
+# Outside load/, the only modules that may speak HTTP (through the untimed client), and why:
+# each asks whether something is up before any load, and nothing it reads goes into a result.
+# They stay in serve/ because serve/ comes before load/: the server's own readiness is part of
+# starting it, and preflight runs before any server does.
 HEALTH_CHECKS = {
     "rig.serve.servers": "polls GET /health until a server it started is ready",
     "rig.serve.preflight": "HEAD of the hub's model page: can the model be fetched at all",
@@ -150,13 +156,31 @@ def _stage_modules(*packages: str) -> dict[str, Path]:
     return {m: p for m, p in _modules().items() if _within(m, packages)}
 
 
-def test_http_only_on_the_wire_and_in_health_checks():
-    """load/ speaks HTTP to the servers; anywhere else an HTTP library is a stage doing load/'s
-    job, except the named health checks."""
+def test_one_module_imports_an_http_library():
+    """Untimed HTTP goes through rig.untimed_http, timed HTTP through rig.load.http_client's raw
+    sockets: an HTTP library anywhere else would be a third client."""
     found = [
         f"{module} imports {', '.join(used)}"
         for module, path in _modules().items()
         if (used := _uses(path.read_text(encoding="utf-8"), HTTP_LIBRARIES))
+        and module != UNTIMED_CLIENT
+    ]
+    assert not found
+
+
+def test_the_untimed_client_is_one_stack():
+    source = _modules()[UNTIMED_CLIENT].read_text(encoding="utf-8")
+    assert _uses(source, HTTP_LIBRARIES) == sorted(UNTIMED_LIBRARIES)
+
+
+def test_http_only_on_the_wire_and_in_health_checks():
+    """load/ speaks HTTP to the servers; anywhere else the untimed client is a stage doing
+    load/'s job, except the named health checks."""
+    modules = _modules()
+    found = [
+        module
+        for module, path in modules.items()
+        if UNTIMED_CLIENT in _imports(path, modules)
         and not _within(module, ("rig.load",))
         and module not in HEALTH_CHECKS
     ]
@@ -166,7 +190,7 @@ def test_http_only_on_the_wire_and_in_health_checks():
 def test_the_named_health_checks_exist_and_need_their_exception():
     modules = _modules()
     for module in HEALTH_CHECKS:
-        assert _uses(modules[module].read_text(encoding="utf-8"), HTTP_LIBRARIES), module
+        assert UNTIMED_CLIENT in _imports(modules[module], modules), module
 
 
 def test_pandas_only_in_verdict_and_report():

@@ -13,8 +13,6 @@ nothing.
 from __future__ import annotations
 
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from rig.serve.servers import ServerError, ensure_port_free
 from rig.serve.sizing import TensorParallel, size_tensor_parallel
 from rig.serve.skew import install_skew
 from rig.serve.weights import checkpoint_bytes, hf_cache_snapshot, hf_hub_cache, missing_shards
+from rig.untimed_http import NoAnswer, call
 
 GIB = 2**30
 HUB_TIMEOUT_S = 4.0
@@ -65,18 +64,21 @@ def hub_reachable(hub_id: str) -> tuple[bool, str]:
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
         return False, "HF_HUB_OFFLINE=1"
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    request = urllib.request.Request(f"{endpoint}/api/models/{hub_id}", method="HEAD")
     token = os.environ.get("HF_TOKEN")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(request, timeout=HUB_TIMEOUT_S):
-            return True, ""
-    except urllib.error.HTTPError as exc:
-        return False, f"the hub answered HTTP {exc.code} for {hub_id}"
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return False, f"the hub is unreachable ({reason})"
+        answer = call(
+            "HEAD",
+            f"{endpoint}/api/models/{hub_id}",
+            timeout_s=HUB_TIMEOUT_S,
+            headers=headers,
+            via_proxy=True,
+        )
+    except NoAnswer as exc:
+        return False, f"the hub is unreachable ({exc.reason})"
+    if not answer.ok:
+        return False, f"the hub answered HTTP {answer.status} for {hub_id}"
+    return True, ""
 
 
 def declared_bytes(scenario: Scenario) -> int | None:
