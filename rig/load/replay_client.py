@@ -70,22 +70,21 @@ def _top_k(entry: dict | None, k: int) -> dict[int, float]:
     }
 
 
-def teacher_forced_logprobs(
-    target: ServerTarget, sequence: ForcedSequence, salt: str, top_k: int
-) -> ForcedLogprobs:
-    """The server's logprobs along the forced sequence, with its top-k at the completion's
-    positions."""
-    token_ids = sequence.prompt_token_ids + sequence.completion_token_ids
-    body = {
+def forced_body(target: ServerTarget, sequence: ForcedSequence, salt: str, top_k: int) -> dict:
+    """The prompt_logprobs request of one forced sequence: one token, greedy, salted."""
+    return {
         "model": target.model,
-        "prompt": list(token_ids),
+        "prompt": list(sequence.prompt_token_ids + sequence.completion_token_ids),
         "max_tokens": 1,
         "temperature": 0.0,
         "prompt_logprobs": top_k,
         "cache_salt": salt,
     }
-    answer = _post(target, "/v1/completions", body, REPLAY_TIMEOUT_S)
-    payload = _json_answer(answer, "prompt_logprobs request")
+
+
+def forced_answer(payload: dict, sequence: ForcedSequence, top_k: int) -> ForcedLogprobs:
+    """A prompt_logprobs answer read along the forced sequence."""
+    token_ids = sequence.prompt_token_ids + sequence.completion_token_ids
     choice = payload["choices"][0]
     entries = choice.get("prompt_logprobs") or payload.get("prompt_logprobs") or []
     start = len(sequence.prompt_token_ids)
@@ -95,6 +94,16 @@ def teacher_forced_logprobs(
         ),
         top=tuple(_top_k(entry, top_k) for entry in entries[start:]),
     )
+
+
+def teacher_forced_logprobs(
+    target: ServerTarget, sequence: ForcedSequence, salt: str, top_k: int
+) -> ForcedLogprobs:
+    """The server's logprobs along the forced sequence, with its top-k at the completion's
+    positions."""
+    body = forced_body(target, sequence, salt, top_k)
+    answer = _post(target, "/v1/completions", body, REPLAY_TIMEOUT_S)
+    return forced_answer(_json_answer(answer, "prompt_logprobs request"), sequence, top_k)
 
 
 async def _replay(
