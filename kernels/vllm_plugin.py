@@ -310,7 +310,8 @@ class RoutedGdnOp:
         chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=True,
         core_attn_out=None, aiter_prefill_metadata=None,
     ):  # fmt: skip
-        """vLLM's forward_cuda signature; the candidate gets FLA's contract of it."""
+        """The candidate in vLLM's place. Its 13 parameters stay: they are vLLM's forward_cuda's,
+        as vLLM calls it; the candidate gets FLA's contract of them."""
         counter = self.rig_route.counter
         self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
         counter.saw_states(fla_call_tally(q, initial_state, cu_seqlens))
