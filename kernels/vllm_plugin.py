@@ -33,6 +33,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -225,6 +226,105 @@ def fla_call_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2no
     ).to("cpu")
 
 
+@dataclass(frozen=True)
+class CudaRoute:
+    """What this process's ChunkGatedDeltaRule runs: the candidate's FLA-contract function, or
+    vLLM's own forward (wrapped in a planted delay when `planted` is set), counted and
+    captured either way."""
+
+    kernel: str
+    counter: PrefillCounter
+    capture: CaptureWriter | None
+    candidate: Callable | None = None
+    planted: KernelSpec | None = None  # a delay on vLLM's own kernel
+
+
+def cuda_route(spec: KernelSpec | None, op_class: type) -> CudaRoute:
+    """The route of `spec` (None: vLLM's own kernel, named once the op is built), with this
+    process's counter and capture."""
+    if spec is None:
+        kernel, sha = CUDA_REFERENCE_UNBUILT, vllm_gdn_sources_sha256(op_class)
+    else:
+        kernel, sha = spec.name, spec.source_sha256("cuda")
+    planted = spec if spec is not None and spec.runs_vllm_kernel else None
+    candidate = spec.fla_contract_function() if spec is not None and planted is None else None
+    counter = new_counter(kernel, sha, "cuda")
+    return CudaRoute(kernel, counter, capture_writer_from_env(kernel), candidate, planted)
+
+
+class RoutedGdnOp:
+    """The rig's half of its ChunkGatedDeltaRule, mixed in ahead of vLLM's class (install_cuda):
+    at build, the forward vLLM picked is replaced by the candidate or wrapped by the counter."""
+
+    rig_route: CudaRoute
+
+    def __init__(self) -> None:
+        super().__init__()
+        # CustomOp.__init__ and ChunkGatedDeltaRule.__init__ both pick _forward_method.
+        self.rig_vllm_backend = self.gdn_prefill_backend
+        requested = requested_gdn_backend()
+        route = self.rig_route
+        if route.candidate is None:
+            kernel = route.kernel if route.planted else reference_kernel_name(self.rig_vllm_backend)
+            route.counter.built_op(kernel, self.rig_vllm_backend, requested)
+            forward = self._forward_method
+            self.rig_reference_forward = (
+                route.planted.delayed(forward) if route.planted else forward
+            )
+            self._forward_method = self.forward_reference_counted
+        else:
+            route.counter.built_op(route.kernel, self.rig_vllm_backend, requested)
+            # The candidate keeps FLA's contract, so the layer must treat it as Triton/FLA:
+            # with "flashinfer" vLLM 0.33 calls FlashInfer directly, past this op, for
+            # prefills that export prefix-cache checkpoints.
+            self.gdn_prefill_backend = FLA_BACKEND
+            self._forward_method = self.forward_candidate
+
+    def _capture(self, q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm) -> None:
+        capture = self.rig_route.capture
+        if capture is None:
+            return
+        layer = calling_layer_name()
+        if capture.wants(layer):
+            inputs = fla_call_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm)
+            capture.save(layer, inputs)
+
+    def forward_reference_counted(self, *args, **kwargs):
+        route = self.rig_route
+        call = kwargs  # vLLM passes every argument by keyword
+        if args or route.capture is not None:
+            call = inspect.signature(self.forward_native).bind(*args, **kwargs).arguments
+        if route.capture is not None:
+            self._capture(
+                *(call[name] for name in ("q", "k", "v", "g", "beta", "initial_state")),
+                call.get("cu_seqlens"),
+                call.get("use_qk_l2norm_in_kernel", True),
+            )
+        route.counter.saw_states(
+            fla_call_tally(call["q"], call.get("initial_state"), call.get("cu_seqlens"))
+        )
+        return route.counter.call(self.rig_reference_forward, *args, **kwargs)
+
+    def forward_candidate(
+        self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
+        chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=True,
+        core_attn_out=None, aiter_prefill_metadata=None,
+    ):  # fmt: skip
+        """The candidate in vLLM's place. Its 13 parameters stay: they are vLLM's forward_cuda's,
+        as vLLM calls it; the candidate gets FLA's contract of them."""
+        counter = self.rig_route.counter
+        self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
+        counter.saw_states(fla_call_tally(q, initial_state, cu_seqlens))
+        if self.rig_vllm_backend not in FLA_METADATA_BACKENDS:
+            chunk_indices = chunk_offsets = None  # e.g. cutedsl's are not FLA's layout
+        return counter.call(
+            self.rig_route.candidate, q, k, v, g, beta, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, core_attn_out=core_attn_out,
+        )  # fmt: skip
+
+
 def install_cuda(spec: KernelSpec | None) -> type:
     """Register an out-of-tree ChunkGatedDeltaRule that runs the candidate (or counts the
     backend vLLM chose). Returns the registered class; its `rig_counter` is this process's."""
@@ -233,100 +333,13 @@ def install_cuda(spec: KernelSpec | None) -> type:
 
     if CUDA_OP_NAME in op_registry_oot:
         return op_registry_oot[CUDA_OP_NAME]
-    planted = spec is not None and spec.runs_vllm_kernel  # a delay on vLLM's own kernel
-    if spec is None:
-        kernel, sha = CUDA_REFERENCE_UNBUILT, vllm_gdn_sources_sha256(ChunkGatedDeltaRule)
-        candidate = None
-    else:
-        kernel, sha = spec.name, spec.source_sha256("cuda")
-        candidate = None if planted else spec.fla_contract_function()
-    counter = new_counter(kernel, sha, "cuda")
-    capture = capture_writer_from_env(kernel)
+    route = cuda_route(spec, ChunkGatedDeltaRule)
 
-    class RigChunkGatedDeltaRule(ChunkGatedDeltaRule):
+    class RigChunkGatedDeltaRule(RoutedGdnOp, ChunkGatedDeltaRule):
         """vLLM's op with the prefill forward replaced (candidate) or counted (reference)."""
 
-        rig_counter = counter
-
-        def __init__(self) -> None:
-            super().__init__()
-            # CustomOp.__init__ and ChunkGatedDeltaRule.__init__ both pick _forward_method.
-            self.rig_vllm_backend = self.gdn_prefill_backend
-            requested = requested_gdn_backend()
-            if candidate is None:
-                vllm_kernel = kernel if planted else reference_kernel_name(self.rig_vllm_backend)
-                counter.built_op(vllm_kernel, self.rig_vllm_backend, requested)
-                forward = self._forward_method
-                self.rig_reference_forward = spec.delayed(forward) if planted else forward
-                self._forward_method = self.forward_reference_counted
-            else:
-                counter.built_op(kernel, self.rig_vllm_backend, requested)
-                # The candidate keeps FLA's contract, so the layer must treat it as Triton/FLA:
-                # with "flashinfer" vLLM 0.33 calls FlashInfer directly, past this op, for
-                # prefills that export prefix-cache checkpoints.
-                self.gdn_prefill_backend = FLA_BACKEND
-                self._forward_method = self.forward_candidate
-
-        def _capture(self, q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm) -> None:
-            if capture is None:
-                return
-            layer = calling_layer_name()
-            if capture.wants(layer):
-                inputs = fla_call_gdn_inputs(
-                    q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm
-                )
-                capture.save(layer, inputs)
-
-        def forward_reference_counted(self, *args, **kwargs):
-            call = kwargs  # vLLM passes every argument by keyword
-            if args or capture is not None:
-                call = inspect.signature(self.forward_native).bind(*args, **kwargs).arguments
-            if capture is not None:
-                self._capture(
-                    *(call[name] for name in ("q", "k", "v", "g", "beta", "initial_state")),
-                    call.get("cu_seqlens"),
-                    call.get("use_qk_l2norm_in_kernel", True),
-                )
-            counter.saw_states(
-                fla_call_tally(call["q"], call.get("initial_state"), call.get("cu_seqlens"))
-            )
-            return counter.call(self.rig_reference_forward, *args, **kwargs)
-
-        def forward_candidate(
-            self,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            initial_state,
-            output_final_state,
-            cu_seqlens=None,
-            chunk_indices=None,
-            chunk_offsets=None,
-            use_qk_l2norm_in_kernel=True,
-            core_attn_out=None,
-            aiter_prefill_metadata=None,
-        ):
-            self._capture(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel)
-            counter.saw_states(fla_call_tally(q, initial_state, cu_seqlens))
-            if self.rig_vllm_backend not in FLA_METADATA_BACKENDS:
-                chunk_indices = chunk_offsets = None  # e.g. cutedsl's are not FLA's layout
-            return counter.call(
-                candidate,
-                q,
-                k,
-                v,
-                g,
-                beta,
-                initial_state=initial_state,
-                output_final_state=output_final_state,
-                cu_seqlens=cu_seqlens,
-                chunk_indices=chunk_indices,
-                chunk_offsets=chunk_offsets,
-                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                core_attn_out=core_attn_out,
-            )
+        rig_route = route
+        rig_counter = route.counter
 
     CustomOp.register_oot(name=CUDA_OP_NAME)(RigChunkGatedDeltaRule)
     return RigChunkGatedDeltaRule

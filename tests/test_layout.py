@@ -1,9 +1,10 @@
 """The layout says the pipeline: packages import only from the stages before them, no module
 imports itself round a cycle, no module outgrows one sitting (400 lines), every rig module has
 its mirrored tests/<package>/test_<module>.py (but those UNMIRRORED names), and each stage does
-its own job: HTTP on the wire only in load/ (and serve/'s health checks), pandas only where the
-typed records become CSV tables (report/tables.py), report/ renders what verdict/ hands it,
-verdict/ does no network I/O."""
+its own job: HTTP on the wire only in load/ (and serve/'s health check), through two clients
+(the timed one on raw sockets, rig.untimed_http for the rest), pandas only where the typed
+records become CSV tables (report/tables.py), report/ renders what verdict/ hands it, verdict/
+does no network I/O."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ ORDER = (
     "rig",
     "rig.salts",
     "rig.secrets",
+    "rig.untimed_http",
     "rig.records",
     "rig.interrupts",
     "rig.scenario",
@@ -34,8 +36,12 @@ ORDER = (
 )
 MAX_LINES = 400
 HTTP_LIBRARIES = ("urllib.request", "urllib.error", "http.client", "aiohttp", "httpx", "requests")
-# Outside load/, the only modules that may speak HTTP, and why: each asks whether something is
-# up before any load, and nothing it reads goes into a result.
+UNTIMED_CLIENT = "rig.untimed_http"  # the one module that imports an HTTP library
+UNTIMED_LIBRARIES = ("urllib.request", "urllib.error", "http.client")  # its one stack: stdlib
+# Outside load/, the only modules that may speak HTTP (through the untimed client), and why:
+# each asks whether something is up before any load, and nothing it reads goes into a result.
+# They stay in serve/ because serve/ comes before load/: the server's own readiness is part of
+# starting it, and preflight runs before any server does.
 HEALTH_CHECKS = {
     "rig.serve.servers": "polls GET /health until a server it started is ready",
 }
@@ -159,13 +165,31 @@ def _stage_modules(*packages: str) -> dict[str, Path]:
     return {m: p for m, p in _modules().items() if _within(m, packages)}
 
 
-def test_http_only_on_the_wire_and_in_health_checks():
-    """load/ speaks HTTP to the servers; anywhere else an HTTP library is a stage doing load/'s
-    job, except the named health checks."""
+def test_one_module_imports_an_http_library():
+    """Untimed HTTP goes through rig.untimed_http, timed HTTP through rig.load.http_client's raw
+    sockets: an HTTP library anywhere else would be a third client."""
     found = [
         f"{module} imports {', '.join(used)}"
         for module, path in _modules().items()
         if (used := _uses(path.read_text(encoding="utf-8"), HTTP_LIBRARIES))
+        and module != UNTIMED_CLIENT
+    ]
+    assert not found
+
+
+def test_the_untimed_client_is_one_stack():
+    source = _modules()[UNTIMED_CLIENT].read_text(encoding="utf-8")
+    assert _uses(source, HTTP_LIBRARIES) == sorted(UNTIMED_LIBRARIES)
+
+
+def test_http_only_on_the_wire_and_in_health_checks():
+    """load/ speaks HTTP to the servers; anywhere else the untimed client is a stage doing
+    load/'s job, except the named health checks."""
+    modules = _modules()
+    found = [
+        module
+        for module, path in modules.items()
+        if UNTIMED_CLIENT in _imports(path, modules)
         and not _within(module, ("rig.load",))
         and module not in HEALTH_CHECKS
     ]
@@ -175,7 +199,7 @@ def test_http_only_on_the_wire_and_in_health_checks():
 def test_the_named_health_checks_exist_and_need_their_exception():
     modules = _modules()
     for module in HEALTH_CHECKS:
-        assert _uses(modules[module].read_text(encoding="utf-8"), HTTP_LIBRARIES), module
+        assert UNTIMED_CLIENT in _imports(modules[module], modules), module
 
 
 def test_pandas_only_at_the_csv_edge():
@@ -267,7 +291,6 @@ UNMIRRORED = {
     "rig.models.qwen35_control": "through tests/e2e/test_gpu*.py (GPU-bound)",
     "rig.load.pairs": "through tests/run/test_pair_load.py",
     "rig.load.request": "tests/load/test_request_properties.py",
-    "rig.load.side": "through tests/load/test_engine.py, tests/load/test_waves.py",
     "rig.report.assets": "through tests/report/test_html.py, tests/report/test_browser.py",
     "rig.report.mismatches": "tests/report/test_html.py",
     "rig.run.compare_speed": "tests/run/test_compare_runs.py",

@@ -10,35 +10,38 @@ import asyncio
 import json
 import math
 
-import aiohttp
-
 from rig.records import ForcedLogprobs, ForcedSequence, RequestRecord, ServerTarget
 from rig.salts import cache_salt
 from rig.secrets import auth_headers
+from rig.untimed_http import Answer, AsyncClient, call
 
 REPLAY_TIMEOUT_S = 600.0
+TOKENIZE_TIMEOUT_S = 120.0
 
 
-async def _json_answer(response: aiohttp.ClientResponse, what: str) -> dict:
+def _json_answer(answer: Answer, what: str) -> dict:
     """The JSON body of a 200 answer; any other answer (JSON or not, e.g. a proxy's 502 page)
     raises with the status and the start of the body."""
-    text = await response.text(errors="replace")
-    if response.status != 200:
-        raise RuntimeError(f"{what} answered {response.status}: {text[:300]}")
+    text = answer.text()
+    if answer.status != 200:
+        raise RuntimeError(f"{what} answered {answer.status}: {text[:300]}")
     return json.loads(text)
 
 
-async def tokenize(
-    session: aiohttp.ClientSession, target: ServerTarget, body: dict
-) -> tuple[int, ...]:
-    """The server's own tokenization of a prompt (vLLM's /tokenize), so replay matches serving."""
-    async with session.post(
-        f"{target.base_url}/tokenize",
-        json={"model": target.model, **body},
+def _post(target: ServerTarget, path: str, body: dict, timeout_s: float) -> Answer:
+    return call(
+        "POST",
+        f"{target.base_url}{path}",
+        timeout_s=timeout_s,
         headers=auth_headers(target.api_key),
-    ) as response:
-        payload = await _json_answer(response, "/tokenize")
-    return tuple(payload["tokens"])
+        body=body,
+    )
+
+
+def tokenize(target: ServerTarget, body: dict) -> tuple[int, ...]:
+    """The server's own tokenization of a prompt (vLLM's /tokenize), so replay matches serving."""
+    answer = _post(target, "/tokenize", {"model": target.model, **body}, TOKENIZE_TIMEOUT_S)
+    return tuple(_json_answer(answer, "/tokenize")["tokens"])
 
 
 def _logprob_value(found: dict | float | None) -> float:
@@ -66,28 +69,21 @@ def _top_k(entry: dict | None, k: int) -> dict[int, float]:
     }
 
 
-async def teacher_forced_logprobs(
-    session: aiohttp.ClientSession,
-    target: ServerTarget,
-    sequence: ForcedSequence,
-    salt: str,
-    top_k: int,
-) -> ForcedLogprobs:
-    """The server's logprobs along the forced sequence, with its top-k at the completion's
-    positions."""
-    token_ids = sequence.prompt_token_ids + sequence.completion_token_ids
-    body = {
+def forced_body(target: ServerTarget, sequence: ForcedSequence, salt: str, top_k: int) -> dict:
+    """The prompt_logprobs request of one forced sequence: one token, greedy, salted."""
+    return {
         "model": target.model,
-        "prompt": list(token_ids),
+        "prompt": list(sequence.prompt_token_ids + sequence.completion_token_ids),
         "max_tokens": 1,
         "temperature": 0.0,
         "prompt_logprobs": top_k,
         "cache_salt": salt,
     }
-    async with session.post(
-        f"{target.base_url}/v1/completions", json=body, headers=auth_headers(target.api_key)
-    ) as response:
-        payload = await _json_answer(response, "prompt_logprobs request")
+
+
+def forced_answer(payload: dict, sequence: ForcedSequence, top_k: int) -> ForcedLogprobs:
+    """A prompt_logprobs answer read along the forced sequence."""
+    token_ids = sequence.prompt_token_ids + sequence.completion_token_ids
     choice = payload["choices"][0]
     entries = choice.get("prompt_logprobs") or payload.get("prompt_logprobs") or []
     start = len(sequence.prompt_token_ids)
@@ -99,6 +95,16 @@ async def teacher_forced_logprobs(
     )
 
 
+def teacher_forced_logprobs(
+    target: ServerTarget, sequence: ForcedSequence, salt: str, top_k: int
+) -> ForcedLogprobs:
+    """The server's logprobs along the forced sequence, with its top-k at the completion's
+    positions."""
+    body = forced_body(target, sequence, salt, top_k)
+    answer = _post(target, "/v1/completions", body, REPLAY_TIMEOUT_S)
+    return forced_answer(_json_answer(answer, "prompt_logprobs request"), sequence, top_k)
+
+
 async def _replay(
     sequences: list[ForcedSequence],
     targets: list[ServerTarget],
@@ -106,39 +112,38 @@ async def _replay(
     top_k: int,
     concurrency: int,
 ) -> dict[str, list[ForcedLogprobs]]:
-    timeout = aiohttp.ClientTimeout(total=REPLAY_TIMEOUT_S)
     replayed: dict[str, list[ForcedLogprobs]] = {target.side: [] for target in targets}
     in_flight = asyncio.Semaphore(concurrency)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    client = AsyncClient(concurrency * len(targets))
 
-        async def on_every_target(index: int, sequence: ForcedSequence) -> list[object]:
-            async with in_flight:  # all sides at once, so both see the same batch composition
-                return await asyncio.gather(
-                    *(
-                        teacher_forced_logprobs(
-                            session,
-                            target,
-                            sequence,
-                            cache_salt(salt_prefix, target.side, str(index)),
-                            top_k,
-                        )
-                        for target in targets
-                    ),
-                    return_exceptions=True,
-                )
+    async def on_every_target(index: int, sequence: ForcedSequence) -> list[object]:
+        async with in_flight:  # all sides at once, so both see the same batch composition
+            return await asyncio.gather(
+                *(
+                    client.run(
+                        teacher_forced_logprobs,
+                        target,
+                        sequence,
+                        cache_salt(salt_prefix, target.side, str(index)),
+                        top_k,
+                    )
+                    for target in targets
+                ),
+                return_exceptions=True,
+            )
 
-        answered = await asyncio.gather(
-            *(on_every_target(index, sequence) for index, sequence in enumerate(sequences))
-        )
-        for answers in answered:
-            for target, answer in zip(targets, answers, strict=True):
-                if isinstance(answer, BaseException):
-                    if not isinstance(answer, Exception):
-                        raise answer
-                    error = f"{type(answer).__name__}: {answer}"[:300]
-                    replayed[target.side].append(ForcedLogprobs(error=error))
-                else:
-                    replayed[target.side].append(answer)
+    answered = await asyncio.gather(
+        *(on_every_target(index, sequence) for index, sequence in enumerate(sequences))
+    )
+    for answers in answered:
+        for target, answer in zip(targets, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                error = f"{type(answer).__name__}: {answer}"[:300]
+                replayed[target.side].append(ForcedLogprobs(error=error))
+            else:
+                replayed[target.side].append(answer)
     return replayed
 
 
@@ -157,29 +162,20 @@ def replay_forced(
     return asyncio.run(_replay(sequences, targets, salt_prefix, top_k, concurrency))
 
 
-async def _forced_sequences(
-    records: list[RequestRecord], prompt_bodies: dict[str, dict], target: ServerTarget
-) -> list[ForcedSequence]:
-    seen: dict[tuple, ForcedSequence] = {}
-    prompt_tokens: dict[str, tuple[int, ...]] = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        for record in records:
-            if record.error is not None or not record.token_ids:
-                continue
-            if record.prompt_id not in prompt_tokens:
-                prompt_tokens[record.prompt_id] = await tokenize(
-                    session, target, prompt_bodies[record.prompt_id]
-                )
-            sequence = ForcedSequence(
-                record.prompt_id, prompt_tokens[record.prompt_id], tuple(record.token_ids)
-            )
-            seen.setdefault(sequence.key, sequence)
-    return list(seen.values())
-
-
 def forced_sequences(
     records: list[RequestRecord], prompt_bodies: dict[str, dict], target: ServerTarget
 ) -> list[ForcedSequence]:
     """Unique (prompt, reference completion) pairs in the records' order; prompt_bodies: /tokenize
     bodies by prompt id."""
-    return asyncio.run(_forced_sequences(records, prompt_bodies, target))
+    seen: dict[tuple, ForcedSequence] = {}
+    prompt_tokens: dict[str, tuple[int, ...]] = {}
+    for record in records:
+        if record.error is not None or not record.token_ids:
+            continue
+        if record.prompt_id not in prompt_tokens:
+            prompt_tokens[record.prompt_id] = tokenize(target, prompt_bodies[record.prompt_id])
+        sequence = ForcedSequence(
+            record.prompt_id, prompt_tokens[record.prompt_id], tuple(record.token_ids)
+        )
+        seen.setdefault(sequence.key, sequence)
+    return list(seen.values())

@@ -11,7 +11,6 @@ own families mean, given the samples parsed here."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
@@ -19,12 +18,12 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import aiohttp
 from pydantic import SecretStr
 
 from kernels.proof import PLUGIN_METRICS, KernelProof, plugin_counters, proof_from_samples
 from rig.records import ServerDelta
 from rig.secrets import auth_headers
+from rig.untimed_http import AsyncClient, NoAnswer, call
 
 PREFIX_CACHE = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 # vLLM's histograms of time per request in each phase (seconds): their _sum and _count.
@@ -102,24 +101,32 @@ def metric_samples(metrics_text: str, names: Collection[str]) -> list[MetricSamp
     return samples
 
 
-async def _get_text(base_url: str, path: str, api_key: SecretStr | None, timeout_s: float) -> str:
-    """GET <base_url><path> (base_url as the rig keeps it: http://host:port, no /v1)."""
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-        session.get(base_url.rstrip("/") + path, headers=auth_headers(api_key)) as response,
-    ):
-        response.raise_for_status()
-        return await response.text()
+def _get_text(base_url: str, path: str, api_key: SecretStr | None, timeout_s: float) -> str:
+    """GET <base_url><path> (base_url as the rig keeps it: http://host:port, no /v1); NoAnswer,
+    or ValueError for a status other than 2xx."""
+    answer = call(
+        "GET", base_url.rstrip("/") + path, timeout_s=timeout_s, headers=auth_headers(api_key)
+    )
+    if not answer.ok:
+        raise ValueError(f"{base_url}{path} answered HTTP {answer.status}")
+    return answer.text()
+
+
+def metrics_text(base_url: str, api_key: SecretStr | None = None, timeout_s: float = 30) -> str:
+    """The server's /metrics text; MetricsUnreadable when it does not answer."""
+    try:
+        return _get_text(base_url, "/metrics", api_key, timeout_s)
+    except NoAnswer as exc:
+        raise MetricsUnreadable(f"{base_url}/metrics: {exc.kind}: {exc.reason}") from None
+    except ValueError as exc:
+        raise MetricsUnreadable(str(exc)) from None
 
 
 async def read_metrics_text(
     base_url: str, api_key: SecretStr | None = None, timeout_s: float = 30
 ) -> str:
-    """The server's /metrics text; MetricsUnreadable when it does not answer."""
-    try:
-        return await _get_text(base_url, "/metrics", api_key, timeout_s)
-    except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-        raise MetricsUnreadable(f"{base_url}/metrics: {type(exc).__name__}: {exc}") from None
+    """metrics_text from an event loop (on a thread, so that the servers are read at once)."""
+    return await AsyncClient(1).run(metrics_text, base_url, api_key, timeout_s)
 
 
 async def read_server_counters(base_url: str, api_key: SecretStr | None = None) -> ServerCounters:
@@ -169,7 +176,7 @@ def fetch_kernel_proof(
 ) -> KernelProof:
     """The proof a running server publishes; read it before the server stops.
     MetricsUnreadable when /metrics does not answer."""
-    return kernel_proof_from_metrics(asyncio.run(read_metrics_text(base_url, api_key, timeout_s)))
+    return kernel_proof_from_metrics(metrics_text(base_url, api_key, timeout_s))
 
 
 def served_version(
@@ -177,9 +184,8 @@ def served_version(
 ) -> str | None:
     """What a running server says its vLLM is (GET /version), None when it does not say."""
     try:
-        text = asyncio.run(_get_text(base_url, "/version", api_key, timeout_s))
-        return str(json.loads(text)["version"])
-    except (OSError, TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
+        return str(json.loads(_get_text(base_url, "/version", api_key, timeout_s))["version"])
+    except (NoAnswer, ValueError, KeyError, TypeError):
         return None
 
 

@@ -20,13 +20,11 @@ no request of the side is streaming tokens while they run.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 
 from rig.records import RequestRecord, ServerTarget
 from rig.secrets import auth_headers
+from rig.untimed_http import NoAnswer, call
 
 SETTLE_S = 0.02  # after the last head: the API server hands the request to the engine
 HEADS_WAIT_S = 30.0  # a wave is released after this long even if some heads never came
@@ -45,30 +43,28 @@ class ServerGate:
         self.base_url = target.base_url.rstrip("/")
 
     def _call(self, method: str, path: str) -> dict:
-        request = urllib.request.Request(
-            self.base_url + path,
-            method=method,
-            headers=auth_headers(self.target.api_key),
-            data=b"" if method == "POST" else None,
-        )
         try:
-            with urllib.request.urlopen(request, timeout=GATE_TIMEOUT_S) as response:
-                body = response.read()
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                raise GateUnavailable(
-                    f"{self.target.label} at {self.base_url} has no {path.split('?')[0]}: "
-                    "arrival: waves needs vLLM's /pause and /resume (serve it with "
-                    "VLLM_SERVER_DEV_MODE=1)"
-                ) from None
+            answer = call(
+                method,
+                self.base_url + path,
+                timeout_s=GATE_TIMEOUT_S,
+                headers=auth_headers(self.target.api_key),
+            )
+        except NoAnswer as exc:
             raise GateUnavailable(
-                f"{self.target.label}: {method} {path} answered HTTP {exc.code}"
+                f"{self.target.label}: {method} {path} failed: {exc.kind}: {exc.reason}"
             ) from None
-        except (OSError, TimeoutError) as exc:
+        if answer.status == 404:
             raise GateUnavailable(
-                f"{self.target.label}: {method} {path} failed: {type(exc).__name__}: {exc}"
-            ) from None
-        return json.loads(body or b"{}")
+                f"{self.target.label} at {self.base_url} has no {path.split('?')[0]}: "
+                "arrival: waves needs vLLM's /pause and /resume (serve it with "
+                "VLLM_SERVER_DEV_MODE=1)"
+            )
+        if not answer.ok:
+            raise GateUnavailable(
+                f"{self.target.label}: {method} {path} answered HTTP {answer.status}"
+            )
+        return answer.json()
 
     def check(self) -> None:
         """GateUnavailable unless the server can be paused; a server left paused is resumed."""

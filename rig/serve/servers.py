@@ -15,8 +15,6 @@ import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from rig.records import ServerTarget
 from rig.secrets import auth_headers, redact_file, redact_text
 from rig.serve.logs import root_cause, startup_phase
 from rig.serve.plan import ServerPlan, free_port
+from rig.untimed_http import NoAnswer, call
 
 LOG_TAIL_LINES = 40
 PROGRESS_EVERY_S = 15.0  # a line on a start still under way this often, or at a new phase
@@ -172,14 +171,16 @@ class Server:
         )
 
     def healthy(self) -> bool:
-        request = urllib.request.Request(
-            f"{self.base_url}/health", headers=auth_headers(self.plan.api_key)
-        )
         try:
-            with urllib.request.urlopen(request, timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
+            answer = call(
+                "GET",
+                f"{self.base_url}/health",
+                timeout_s=2,
+                headers=auth_headers(self.plan.api_key),
+            )
+        except NoAnswer:
             return False
+        return answer.status == 200
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the whole process group, then SIGKILL what is left after the grace period."""

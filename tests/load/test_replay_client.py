@@ -11,7 +11,6 @@ token and the top-k alternatives.
 import asyncio
 import math
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -141,15 +140,10 @@ def targets(base_url: str) -> list[ServerTarget]:
     ]
 
 
-async def with_session(call, *args):
-    async with aiohttp.ClientSession() as session:
-        return await call(session, *args)
-
-
 def test_tokenize_returns_the_servers_token_ids(fake_vllm):
     server, url = fake_vllm
     target = ServerTarget("reference", url, "reference-model")
-    tokens = asyncio.run(with_session(tokenize, target, {"prompt": "Hi!"}))
+    tokens = tokenize(target, {"prompt": "Hi!"})
     assert tokens == (ord("H"), ord("i"), ord("!"))
     assert server.bodies == [("/tokenize", {"model": "reference-model", "prompt": "Hi!"})]
 
@@ -158,7 +152,7 @@ def test_tokenize_error_with_a_plain_text_body_is_raised(fake_vllm):
     _, url = fake_vllm
     target = ServerTarget("reference", f"{url}/elsewhere", "reference-model")  # a 404 page
     with pytest.raises(RuntimeError, match="/tokenize answered 404"):
-        asyncio.run(with_session(tokenize, target, {"prompt": "x"}))
+        tokenize(target, {"prompt": "x"})
 
 
 @pytest.mark.parametrize("k", [2, 5])
@@ -166,7 +160,7 @@ def test_teacher_forced_logprobs_pick_the_forced_token_and_the_completions_top_k
     server, url = fake_vllm
     target = ServerTarget("reference", url, "reference-model")
     sequence = ForcedSequence("p", (20, 21), (22, 23, 35))
-    got = asyncio.run(with_session(teacher_forced_logprobs, target, sequence, "run.drift.0", k))
+    got = teacher_forced_logprobs(target, sequence, "run.drift.0", k)
     tokens = (20, 21, 22, 23, 35)
     # odd tokens are listed after two alternatives whose logprobs are higher
     assert list(got.logprobs) == expected_vector("reference-model", tokens)
@@ -185,7 +179,7 @@ def test_a_forced_token_beyond_the_top_k_is_not_in_it(fake_vllm):
     _, url = fake_vllm
     target = ServerTarget("reference", url, "reference-model")
     sequence = ForcedSequence("p", (20,), (23,))
-    got = asyncio.run(with_session(teacher_forced_logprobs, target, sequence, "s", 2))
+    got = teacher_forced_logprobs(target, sequence, "s", 2)
     assert got.top == ({1023: 0.0, 2023: -1 / 32},)  # 23 is rank 3
     assert got.logprobs[1] == forced_logprob("reference-model", 23)
 
@@ -204,7 +198,7 @@ def test_teacher_forced_logprobs_raise_on_http_errors(fake_vllm, path, model, st
     _, url = fake_vllm
     target = ServerTarget("reference", url + path, model)
     with pytest.raises(RuntimeError, match=f"answered {status}"):
-        asyncio.run(with_session(teacher_forced_logprobs, target, SEQUENCE, "salt", 1))
+        teacher_forced_logprobs(target, SEQUENCE, "salt", 1)
 
 
 def test_replay_forced_on_both_sides(fake_vllm):
