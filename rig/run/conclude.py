@@ -13,6 +13,7 @@ from rig.records import ServerDelta, Side
 from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
+from rig.run.profile_phase import read_profile
 from rig.run.replay import AA_SIDE, aa_concurrency
 from rig.run.self_check import batched_answers, self_check_level
 from rig.run.state import RunContext, RunState, finished
@@ -366,6 +367,7 @@ def build_outcome(
         prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
         replayed={side: replayed[side] for side in SIDES if side in replayed},
         chunked_prefill=chunked_prefill(state.records, scenario.model.max_num_batched_tokens),
+        profile=read_profile(ctx.run_dir, scenario),
         speed=speed,
         comparison="A/A run: the reference against itself" if is_aa_run(scenario) else "",
         load_schedule=ctx.plan.load_schedule(workload).describe(),

@@ -19,7 +19,9 @@ from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.metrics import request_frame, summary_frame
 from rig.verdict.perf import perf_result
 from rig.verdict.perf_records import PerfResult
+from rig.verdict.profile_report import ProfileResult
 from rig.verdict.self_check import SelfCheck
+from rig.verdict.sensitivity import ProfiledShare, profiled_share
 from rig.verdict.speed import SpeedDesign
 
 
@@ -53,6 +55,7 @@ class RunOutcome:
     # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
     chunked_prefill: ChunkedPrefill | None = None  # each prompt's chunks at the step budget
+    profile: ProfileResult | None = None  # the profiled block's kernel tables (`profile:`)
     requests: pd.DataFrame = field(init=False)  # one row per request, vllm bench's metrics
     summary: pd.DataFrame = field(init=False)  # per side, level and repeat
 
@@ -61,6 +64,11 @@ class RunOutcome:
         self.summary = summary_frame(self.records, self.pairs)
         if self.perf is None:
             self.perf = perf_result(self.records)
+
+    @property
+    def profiled_share(self) -> ProfiledShare | None:
+        """What the profiled GDN share predicts at its level, beside what was measured."""
+        return profiled_share(self.profile, self.perf)
 
     @property
     def compiled_blocks(self) -> list[tuple[int, int, str]]:
