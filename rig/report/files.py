@@ -27,6 +27,7 @@ from rig.verdict.drift import DriftResult
 from rig.verdict.metrics import bench_results
 from rig.verdict.outcome import RunOutcome
 from rig.verdict.perf_records import MetricComparison, PerfResult, PlantedShare
+from rig.verdict.profile_report import empty_profile_frame
 from rig.verdict.sensitivity import KernelSensitivity
 from rig.verdict.speed import speed_headline
 
@@ -34,6 +35,7 @@ REPORT_FILES = (
     "requests.csv",
     "summary.csv",
     "perf.csv",
+    "profile.csv",
     "mismatches.csv",
     "drift.csv",
     "summary.md",
@@ -215,6 +217,8 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     requests.to_csv(paths["requests.csv"], index=False)
     summary.to_csv(paths["summary.csv"], index=False)
     perf_table(perf).to_csv(paths["perf.csv"], index=False)
+    profile = outcome.profile.frame() if outcome.profile is not None else empty_profile_frame()
+    profile.to_csv(paths["profile.csv"], index=False)
     bench = out / "bench"
     bench.mkdir(exist_ok=True)
     for name, result in bench_results(outcome.records, summary, outcome.manifest).items():

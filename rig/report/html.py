@@ -23,6 +23,7 @@ from rig.report.levels import levels_section
 from rig.report.mismatches import Decode, mismatches_section
 from rig.report.plots import drift_figure, margin_figure, side_margins
 from rig.report.prefix_hits import hits_html
+from rig.report.profile import profile_section
 from rig.verdict.gates import VerdictWord
 from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.perf_records import PerfResult
@@ -45,6 +46,7 @@ def navigation(outcome) -> str:
         ("gates", f"Gates ({len(outcome.verdict.failed_gates)} failed)"),
         ("mismatches", f"Mismatches ({mismatched:,})"),
         ("levels", "Performance"),
+        *([("profile", "Profile")] if outcome.profile is not None else []),
         ("drift", "Drift"),
         ("evidence", "Kernel proof"),
         ("facts", "Run facts"),
@@ -61,6 +63,7 @@ def headline_texts(outcome) -> list[str]:
     texts = [
         speed_headline(perf, outcome.speed),
         *(lc.sensitivity.describe() for lc in perf.candidate if lc.sensitivity is not None),
+        outcome.profiled_share.describe() if outcome.profiled_share is not None else "",
         timing,
         outcome.comparison,
         outcome.reference_source,
@@ -343,6 +346,7 @@ def render_html(
             verdict_section(outcome),
             mismatches_section(outcome, decode),
             levels_section(outcome, summary, perf),
+            profile_section(outcome.profile),
             drift_section(outcome),
             floor_section(outcome),
             evidence_section(outcome),

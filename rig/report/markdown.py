@@ -12,6 +12,7 @@ from rig.report.format import DASH, check, missing, number
 from rig.report.html import headline_texts
 from rig.report.mismatches import mismatch_order
 from rig.report.prefix_hits import hits_markdown
+from rig.report.profile import profile_markdown
 from rig.verdict.compare import PairResult
 from rig.verdict.gates import SideKernel, Verdict
 from rig.verdict.outcome import RunOutcome
@@ -175,6 +176,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     head += _server_lines(perf)
     head += _aa_floor_lines(perf)
     head += _planted_lines(perf)
+    head += profile_markdown(outcome.profile)
     head += hits_markdown(outcome.records)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]

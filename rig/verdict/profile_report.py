@@ -244,3 +244,8 @@ def _kernel_row(
         "calls": calls,
         "share_pct": 100 * time_us / table.step_us if table.step_us > 0 else None,
     }
+
+
+def empty_profile_frame() -> pd.DataFrame:
+    """profile.csv of a run without a profiled block: its columns alone."""
+    return pd.DataFrame(columns=PROFILE_COLUMNS)
