@@ -7,12 +7,14 @@ same thread; a scope's own time, the Python between its ops, is a row of its own
 side's rows add up to its step time). The GDN prefill is what ran inside the plugin's
 `rig_gdn_prefill[<kernel>]` scope (kernels/prefill_counter.py): on a CPU the ops nested in it,
 on a GPU the kernels launched from it (a kernel's `correlation` names its launch, on the scope's
-thread). Each GDN kernel is
-grouped by whose it is: FLA's (`chunk_*` and the rest of its GDN forward), ns4's own Triton
-kernels (`wy_kernel`, `walk_kernel`), or, for anything else the scope ran, the side's kernel by
-name (a user's function). The step time is the sum of vLLM's per-step scopes
-(`execute_context_<n>(<tokens>)_generation_<n>(<tokens>)`, written while its profiler runs);
-a trace without them falls back to the sum of every kernel's time, and says so.
+thread). Each GDN kernel is grouped by whose it is: FLA's (`chunk_*` and the rest of its GDN
+forward), ns4's own Triton kernels (`wy_kernel`, `walk_kernel`), or, for anything else the scope
+ran, the side's kernel by name (a user's function). The step time is the sum of vLLM's
+per-step scopes
+(`execute_context_<n>(<tokens>)_generation_<n>(<tokens>)`, written while its profiler runs): on
+a GPU their device spans (`gpu_user_annotation`: from a step's first kernel to its last, which
+the host's span need not cover when vLLM schedules asynchronously), on a CPU the host's. A
+trace without them falls back to the sum of every kernel's time, and says so.
 """
 
 from __future__ import annotations
@@ -190,6 +192,10 @@ def _cpu_name(event: dict) -> str:
     return f"{name} {OUTSIDE_OPS}"
 
 
+def _steps(events: list[dict], category: str) -> list[dict]:
+    return [e for e in events if e.get("cat") == category and STEP_SCOPE.match(str(e.get("name")))]
+
+
 def trace_table(data: bytes) -> TraceTable:
     """One worker's trace, read into its kernel table."""
     events = trace_events(data)
@@ -207,13 +213,11 @@ def trace_table(data: bytes) -> TraceTable:
         ),
         key=lambda k: -k.time_us,
     )
-    steps = [
-        e
-        for e in events
-        if e.get("cat") == "user_annotation" and STEP_SCOPE.match(str(e.get("name")))
-    ]
-    step_us = sum(float(e["dur"]) for e in steps) or sum(k.time_us for k in kernels)
     device = any(e.get("cat") == "kernel" for e in events)
+    steps = _steps(events, "gpu_user_annotation" if device else "user_annotation")
+    if device and not steps:  # a device trace whose step scopes ran no kernel
+        steps = _steps(events, "user_annotation")
+    step_us = sum(float(e["dur"]) for e in steps) or sum(k.time_us for k in kernels)
     gdn_calls = sum(len(s.scopes) for s in scopes.values())
     return TraceTable(tuple(kernels), step_us, len(steps), device, gdn_calls)
 
