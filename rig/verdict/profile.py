@@ -9,12 +9,11 @@ side's rows add up to its step time). The GDN prefill is what ran inside the plu
 on a GPU the kernels launched from it (a kernel's `correlation` names its launch, on the scope's
 thread). Each GDN kernel is grouped by whose it is: FLA's (`chunk_*` and the rest of its GDN
 forward), ns4's own Triton kernels (`wy_kernel`, `walk_kernel`), or, for anything else the scope
-ran, the side's kernel by name (a user's function). The step time is the sum of vLLM's
-per-step scopes
-(`execute_context_<n>(<tokens>)_generation_<n>(<tokens>)`, written while its profiler runs): on
-a GPU their device spans (`gpu_user_annotation`: from a step's first kernel to its last, which
-the host's span need not cover when vLLM schedules asynchronously), on a CPU the host's. A
-trace without them falls back to the sum of every kernel's time, and says so.
+ran, the side's kernel by name (a user's function). The step time is the sum of vLLM's per-step
+scopes (`execute_context_<n>(<tokens>)_generation_<n>(<tokens>)`, written while its profiler
+runs): on a GPU their device spans (`gpu_user_annotation`: from a step's first kernel to its
+last, which the host's span need not cover when vLLM schedules asynchronously), on a CPU the
+host's. A trace without them falls back to the sum of every kernel's time, and says so.
 """
 
 from __future__ import annotations
