@@ -1,0 +1,27 @@
+"""The scenario's `profile:` key: its level must be one the workload runs; the first by default."""
+
+from rig.scenario.config import Scenario
+from rig.scenario.loader import load_scenario
+from rig.scenario.profile_config import DEFAULT_PROFILE_REQUESTS, ProfileConfig, profile_level
+from tests.scenario.test_config import MINIMAL, error_of, write
+
+
+def test_a_level_the_workload_does_not_run_is_one_line(tmp_path):
+    data = {**MINIMAL, "profile": {"level": 3}}
+    message = error_of(write(tmp_path, data))
+    assert "profile.level 3 is not a level of workload.concurrency" in message
+
+
+def test_the_profile_defaults_to_the_first_level_and_a_few_requests(tmp_path):
+    scenario = load_scenario(write(tmp_path, {**MINIMAL, "profile": {}}))
+    assert scenario.profile == ProfileConfig()
+    assert scenario.profile.requests == DEFAULT_PROFILE_REQUESTS
+    first = scenario.workload.concurrency[0]
+    assert profile_level(scenario.workload.concurrency, scenario.profile) == first
+    assert profile_level([1, 4], ProfileConfig(level=4)) == 4
+
+
+def test_no_profile_unless_asked(tmp_path):
+    assert load_scenario(write(tmp_path, MINIMAL)).profile is None
+    assert "profile" in Scenario.model_fields
+    assert "requests" in error_of(write(tmp_path, {**MINIMAL, "profile": {"requests": 0}}))
