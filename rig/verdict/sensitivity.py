@@ -115,14 +115,7 @@ class ProfiledShare:
             f"{self.share_pct:.1f} % of the reference's profiled step time, the candidate's "
             f"{self.ratio:.3g}x a call ({self.ratio_source})"
         ]
-        for p in self.predictions:
-            measured = p.measured.interval_pct
-            shown = f"[{measured[0]:+.1f}, {measured[1]:+.1f}]" if measured else "no interval"
-            parts.append(
-                f"{p.metric.label} predicted {p.predicted_pct:+.1f} %, measured "
-                f"{p.measured.change_pct:+.1f} % {shown}"
-            )
-        return "; ".join(parts)
+        return "; ".join([*parts, *(p.describe() for p in self.predictions)])
 
 
 def profiled_share(profile: ProfileResult | None, perf: PerfResult | None) -> ProfiledShare | None:
