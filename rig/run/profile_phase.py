@@ -57,6 +57,9 @@ def profile_one(ctx: RunContext, label: str, server: Server, level: int, request
         tag=TAG,
         count=requests,
     )
+    folder = profile_dir(ctx.run_dir, label)
+    for stale in traces_of(folder):  # an interrupted run's, resumed: this block's alone count
+        stale.unlink()
     print(f"rig: profiling {label}: {requests} requests at C={level}, not timed", flush=True)
     try:
         start_profile(target)
@@ -82,7 +85,6 @@ def profile_one(ctx: RunContext, label: str, server: Server, level: int, request
         seconds=sent_s,
         trace_write_s=time.monotonic() - started - sent_s,
     )
-    folder = profile_dir(ctx.run_dir, label)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / BLOCK_FILE).write_text(json.dumps(block.to_json(), indent=2))
 

@@ -377,7 +377,7 @@ class Scenario(StrictModel):
         problem = source_problem(self.workload, floor, self.control) or step_budget_problem(
             self.workload, self.model
         )
-        problem = problem or profile_problem(self.workload.concurrency, self.profile)
+        problem = problem or profile_problem(self.workload, self.profile)
         if problem:
             raise ValueError(problem)
         return self

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import Field
 
 from rig.scenario.strict import StrictModel
+
+if TYPE_CHECKING:
+    from rig.scenario.config import WorkloadConfig
 
 DEFAULT_PROFILE_REQUESTS = 8
 
@@ -20,9 +25,14 @@ class ProfileConfig(StrictModel):
     requests: int = Field(DEFAULT_PROFILE_REQUESTS, gt=0, description="requests in the block")
 
 
-def profile_problem(concurrency: list[int], profile: ProfileConfig | None) -> str | None:
-    """Why the profiled block cannot run at its level, in one line; None when it can."""
-    if profile is None or profile.level is None or profile.level in concurrency:
+def profile_problem(workload: WorkloadConfig, profile: ProfileConfig | None) -> str | None:
+    """Why the profiled block cannot run, in one line; None when it can."""
+    if profile is None:
+        return None
+    if workload.conversations is not None:
+        return "profile: a conversation's turns wait on each other's answers; profile prompts"
+    concurrency = workload.concurrency
+    if profile.level is None or profile.level in concurrency:
         return None
     return f"profile.level {profile.level} is not a level of workload.concurrency {concurrency}"
 

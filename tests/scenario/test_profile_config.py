@@ -1,6 +1,9 @@
 """The scenario's `profile:` key: its level must be one the workload runs; the first by default."""
 
-from rig.scenario.config import Scenario
+import pytest
+
+from rig import PROJECT_ROOT
+from rig.scenario.config import Scenario, ScenarioError
 from rig.scenario.loader import load_scenario
 from rig.scenario.profile_config import DEFAULT_PROFILE_REQUESTS, ProfileConfig, profile_level
 from tests.scenario.test_config import MINIMAL, error_of, write
@@ -25,3 +28,11 @@ def test_no_profile_unless_asked(tmp_path):
     assert load_scenario(write(tmp_path, MINIMAL)).profile is None
     assert "profile" in Scenario.model_fields
     assert "requests" in error_of(write(tmp_path, {**MINIMAL, "profile": {"requests": 0}}))
+
+
+def test_a_conversation_workload_is_not_profiled():
+    shipped = PROJECT_ROOT / "scenarios" / "multi-turn.yaml"
+    assert load_scenario(shipped).profile is None
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario(shipped, ["profile={}"])
+    assert "profile: a conversation's turns wait on each other's answers" in str(raised.value)
