@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import Field
 
 from rig.scenario.strict import StrictModel
-
-if TYPE_CHECKING:
-    from rig.scenario.config import WorkloadConfig
 
 DEFAULT_PROFILE_REQUESTS = 8
 
@@ -25,7 +22,15 @@ class ProfileConfig(StrictModel):
     requests: int = Field(DEFAULT_PROFILE_REQUESTS, gt=0, description="requests in the block")
 
 
-def profile_problem(workload: WorkloadConfig, profile: ProfileConfig | None) -> str | None:
+class Workload(Protocol):
+    """What the check reads of workload.* (rig.scenario.config.WorkloadConfig, which imports
+    this module)."""
+
+    concurrency: list[int]
+    conversations: object | None
+
+
+def profile_problem(workload: Workload, profile: ProfileConfig | None) -> str | None:
     """Why the profiled block cannot run, in one line; None when it can."""
     if profile is None:
         return None
