@@ -36,6 +36,8 @@ from kernels.registry import runs_on_cuda
 SERVER_ENV = "RIG_GDN_SERVER_ID"  # set by the first process, inherited by the rest of a server
 TIME_ENV = "RIG_GDN_TIME"  # "1": time calls between two device synchronisations
 PENDING_LIMIT = 1024  # CUDA event pairs waiting for the GPU; beyond, the oldest go untimed
+# The scope a profiler trace shows around every GDN prefill call (rig/verdict/profile.py reads it)
+PROFILE_SCOPE = "rig_gdn_prefill"
 
 _private_stats_dir: tempfile.TemporaryDirectory | None = None
 
@@ -145,7 +147,15 @@ class PrefillCounter:
         """Run one prefill call, count it and time it without making the server wait: on CPU
         tensors the op is synchronous, so the wall clock around it; on CUDA, events around it on
         the current stream, read once the GPU has passed them (on a later call or publish).
-        RIG_GDN_TIME=1: between two device synchronisations instead."""
+        RIG_GDN_TIME=1: between two device synchronisations instead. While a torch profiler
+        records, the call runs inside a `rig_gdn_prefill[<kernel>]` scope: what a trace's GDN
+        prefill time is, whichever kernels the op launches."""
+        if torch.autograd._profiler_enabled():
+            with torch.profiler.record_function(f"{PROFILE_SCOPE}[{self.kernel}]"):
+                return self._counted_call(op, args, kwargs)
+        return self._counted_call(op, args, kwargs)
+
+    def _counted_call(self, op: Callable, args: tuple, kwargs: dict):
         if self.synchronised:
             result = self._synchronised_call(op, args, kwargs)
         elif runs_on_cuda(args, kwargs):

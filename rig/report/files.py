@@ -23,6 +23,7 @@ from rig.report.tables import (
     drift_table,
     mismatches_table,
     perf_table,
+    profile_table,
     requests_table,
     summary_table,
 )
@@ -33,6 +34,7 @@ REPORT_FILES = (
     "requests.csv",
     "summary.csv",
     "perf.csv",
+    "profile.csv",
     "mismatches.csv",
     "drift.csv",
     "summary.md",
@@ -115,6 +117,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
         "requests.csv": requests_table(outcome.records),
         "summary.csv": summary_table(outcome.blocks),
         "perf.csv": perf_table(outcome.perf),
+        "profile.csv": profile_table(outcome.profile),
         "mismatches.csv": mismatches_table(outcome.pairs),
         "drift.csv": drift_table(outcome.drift),
     }

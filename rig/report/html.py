@@ -21,6 +21,7 @@ from rig.report.levels import levels_section
 from rig.report.mismatches import Decode, mismatches_section
 from rig.report.plots import drift_figure, margin_figure, side_margins
 from rig.report.prefix_hits import hits_html
+from rig.report.profile import profile_section
 from rig.verdict.initial_state import ChunkedPrefill
 from rig.verdict.prefix_hits import PREFIX_GATE
 from rig.verdict.words import VerdictWord
@@ -41,6 +42,7 @@ def navigation(outcome) -> str:
         ("gates", f"Gates ({len(outcome.verdict.failed_gates)} failed)"),
         ("mismatches", f"Mismatches ({mismatched:,})"),
         ("levels", "Performance"),
+        *([("profile", "Profile")] if outcome.profile is not None else []),
         ("drift", "Drift"),
         ("evidence", "Kernel proof"),
         ("facts", "Run facts"),
@@ -321,6 +323,7 @@ def render_html(outcome, decode: Decode | None = None) -> str:
             verdict_section(outcome),
             mismatches_section(outcome, decode),
             levels_section(outcome),
+            profile_section(outcome.profile),
             drift_section(outcome),
             floor_section(outcome),
             evidence_section(outcome),

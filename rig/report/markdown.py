@@ -9,6 +9,7 @@ from rig.records import Side
 from rig.report.format import DASH, check, missing, number
 from rig.report.mismatches import mismatch_order
 from rig.report.prefix_hits import hits_markdown
+from rig.report.profile import profile_markdown
 from rig.verdict.compare import PairResult
 from rig.verdict.evidence import SideKernel
 from rig.verdict.metrics import LevelSide
@@ -176,6 +177,7 @@ def render_markdown(outcome: RunOutcome) -> str:
     head += _server_lines(perf)
     head += _aa_floor_lines(perf)
     head += _planted_lines(perf)
+    head += profile_markdown(outcome.profile)
     head += hits_markdown(outcome.turn_hits)
     mismatched = sorted((p for p in outcome.pairs if not p.identical), key=mismatch_order)
     footer = ["", f"Full detail: {DETAIL_POINTER} (`results/{outcome.run_id}/`)."]

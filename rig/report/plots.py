@@ -20,6 +20,7 @@ import numpy as np
 
 from rig.records import CompletionKey, RequestRecord, Side, TokenLogprob
 from rig.verdict.drift import DriftResult
+from rig.verdict.profile_report import GroupRow
 
 SIDE_COLOURS = {Side.REFERENCE: "#1f5fa8", Side.CANDIDATE: "#c2381f", "A/A": "#7a7a7a"}
 CDF_POINTS = 200  # a long distribution is drawn through this many quantiles
@@ -260,6 +261,29 @@ def margin_figure(measured: list[SideMargins], near_tie_margin: float | None) ->
     )
     axis.grid(alpha=0.3)
     axis.tick_params(labelsize=8)
+    axis.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    return _png(figure)
+
+
+def profile_figure(groups: Sequence[GroupRow]) -> str | None:
+    """The profiled block's kernel groups, both sides' share of their step time side by side:
+    where each side's step went, GDN prefill's groups apart from the rest."""
+    if not groups:
+        return None
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(8.4, 0.5 + 0.42 * len(groups)))
+    rows = np.arange(len(groups))
+    height = 0.38
+    for offset, side, attribute in (
+        (-height / 2, Side.REFERENCE, "reference_share_pct"),
+        (height / 2, Side.CANDIDATE, "candidate_share_pct"),
+    ):
+        values = [getattr(g, attribute) or 0.0 for g in groups]
+        axis.barh(rows + offset, values, height, color=SIDE_COLOURS[side], label=side)
+    axis.set_yticks(rows, [g.group for g in groups], fontsize=8)
+    axis.invert_yaxis()
+    axis.set_xlabel("% of the side's profiled step time", fontsize=8)
     axis.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     return _png(figure)

@@ -1,8 +1,8 @@
 """The CSV tables at the report's edge, the one place pandas meets the typed records:
 requests.csv, summary.csv (`vllm bench serve`'s names, BlockSummary.bench_stats), perf.csv
 (perf_table, and read_perf_table, its inverse, for tools that read a stored run's perf back as
-records), mismatches.csv and drift.csv. Everything shown is computed in verdict/; these only
-lay it out in columns."""
+records), mismatches.csv, drift.csv and profile.csv. Everything shown is computed in verdict/;
+these only lay it out in columns."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from rig.verdict.perf_records import (
     PlantedShare,
     Prediction,
 )
+from rig.verdict.profile_report import PROFILE_COLUMNS, ProfileResult
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -83,6 +84,11 @@ def summary_table(blocks: tuple[BlockSummary, ...]) -> pd.DataFrame:
 def mismatches_table(pairs: list[PairResult]) -> pd.DataFrame:
     """mismatches.csv: every pair whose texts differ."""
     return pd.DataFrame([p.as_row() for p in pairs if not p.identical])
+
+
+def profile_table(profile: ProfileResult | None) -> pd.DataFrame:
+    """profile.csv: the profiled block's kernels and groups; its columns alone without one."""
+    return pd.DataFrame(profile.rows() if profile is not None else [], columns=PROFILE_COLUMNS)
 
 
 def drift_table(drift: list[DriftResult]) -> pd.DataFrame:

@@ -38,7 +38,7 @@ RUN_SPECIFIC_ENV = {
     GATE_ENV,  # vLLM's /pause and /resume, for arrival: waves; the texts do not depend on it
     CACHE_ROOT_ENV,  # where the side's compile cache is: a path of this machine's
 }
-RUN_SPECIFIC_ARGS = {"--port", "--host"}
+RUN_SPECIFIC_ARGS = {"--port", "--host", "--profiler-config"}  # its value: this run's folder
 MODEL_PLACEHOLDER = "<model>"  # a local folder's path in the key: the digest says what it holds
 # How the speed half is measured; the reference's texts and replay do not depend on them.
 SPEED_ONLY_KEYS = {

@@ -15,6 +15,7 @@ from rig.records import ADVISORY_LOG_KINDS, RequestRecord, ServerDelta, Side
 from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
+from rig.run.profile_phase import read_profile
 from rig.run.replay import AA_SIDE, aa_concurrency
 from rig.run.self_check import batched_answers, self_check_level
 from rig.run.state import RunContext, RunState, finished
@@ -367,6 +368,7 @@ def build_outcome(
         prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
         replayed={side: replayed[side] for side in SIDES if side in replayed},
         chunked_prefill=chunked_prefill(state.records, scenario.model.max_num_batched_tokens),
+        profile=read_profile(ctx.run_dir, scenario),
         speed=speed,
         comparison="A/A run: the reference against itself" if evidence.is_aa else "",
         load_schedule=manifest.load_schedule,

@@ -31,12 +31,16 @@ def lookup_golden(
     model_path: str,
     prompts: list[Prompt],
 ) -> GoldenLookup:
-    """The cache serves runs without an A/A control (it needs the reference server) whose
-    reference the rig starts itself (an attached server is not what the key describes)."""
+    """The cache serves runs without an A/A control or a profile (they need the reference
+    server) whose reference the rig starts itself (an attached server is not what the key
+    describes)."""
     memo = cache.root / DIGESTS_FILE if cache is not None else None
     key, fields = golden_key(scenario, plan.servers[Side.REFERENCE], model_path, prompts, memo)
     usable = (
-        cache is not None and not scenario.control.aa and plan.servers[Side.REFERENCE].url is None
+        cache is not None
+        and not scenario.control.aa
+        and scenario.profile is None  # a profile is of a server running here
+        and plan.servers[Side.REFERENCE].url is None
     )
     return GoldenLookup(key, fields, cache.load(key) if usable else None)
 

@@ -28,6 +28,7 @@ class PhaseSteps:
     aa: Callable[[Server], None]  # the reference server of that pair
     self_check: Callable[[Server], None]  # the candidate server of that pair
     proofs: Callable[[dict[str, Server]], None]
+    profile: Callable[[dict[str, Server]], None] = lambda servers: None  # their last round's
 
 
 def run_phases(
@@ -68,6 +69,8 @@ def run_phases(
                     steps.aa(first_pair[Side.REFERENCE])
                 if scenario.control.self_check and Side.CANDIDATE in first_pair:
                     steps.self_check(first_pair[Side.CANDIDATE])
+            if last:  # after every timed block of these servers, counted in none
+                steps.profile(servers)
             steps.proofs(servers)
             for label in planned.servers:
                 state.add_timing(f"{label}_server_s", time.monotonic() - started)

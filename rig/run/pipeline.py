@@ -29,6 +29,7 @@ from rig.run.conclude import build_outcome, model_decoder, side_kernels
 from rig.run.golden import GoldenLookup, cost_comparison, lookup_golden, store_golden, take_golden
 from rig.run.load_phase import run_load
 from rig.run.phases import PhaseSteps, read_proofs, run_phases
+from rig.run.profile_phase import run_profiled_block
 from rig.run.replay import run_aa, run_drift
 from rig.run.self_check import run_self_check
 from rig.run.state import (
@@ -40,6 +41,7 @@ from rig.run.state import (
 )
 from rig.scenario.config import Scenario, ScenarioError
 from rig.scenario.loader import load_scenario
+from rig.scenario.profile_config import ProfileConfig
 from rig.scenario.prompts import Prompt, PromptFileError
 from rig.scenario.workload import WorkloadError, resolve_conversations, resolve_prompts
 from rig.serve.hardware import Hardware
@@ -114,6 +116,7 @@ class Runner:
             aa=partial(run_aa, ctx, state),
             self_check=partial(run_self_check, ctx, state),
             proofs=partial(read_proofs, state),
+            profile=partial(run_profiled_block, ctx),
         )
         run_phases(ctx, self.done_levels, state, steps)
 
@@ -200,6 +203,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and check the weights against (e.g. 140 for an H200, 80 for an H100)",
     )
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more block, untimed, with vLLM's torch profiler on both sides (the "
+        "scenario's profile: key, else its first level): per-kernel tables in the report",
+    )
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=Path(".cache/golden"),
@@ -242,6 +251,8 @@ def _prepare(args: argparse.Namespace) -> Runner | None:
     """Preflight, then the runner of the run with the servers' sizes in its scenario; None
     after printing the plan (--plan)."""
     scenario = load_scenario(args.scenario, args.overrides)
+    if args.profile and scenario.profile is None:  # the scenario's own profile: wins
+        scenario = scenario.model_copy(update={"profile": ProfileConfig()})
     run_id, run_dir = _run_dir(args, scenario)
     hardware = _hardware(args)
     prompts = resolve_prompts(scenario.workload)

@@ -1,5 +1,4 @@
-"""Scenario files: what to serve, what differs between the two sides, what load to send, and
-which gates decide the verdict.
+"""Scenario files: what to serve, what differs between the sides, the load, and the gates.
 
 A scenario is YAML validated into these pydantic models (loader.py reads the file, its preset
 and `--set` overrides). Unknown keys and wrong types are errors that name the key and the problem.
@@ -25,6 +24,7 @@ from rig.scenario.conversations import (
     step_budget_problem,
 )
 from rig.scenario.gates_config import GatesConfig
+from rig.scenario.profile_config import ProfileConfig, profile_problem
 from rig.scenario.prompt_sets import PROMPT_SETS
 from rig.scenario.strict import StrictModel
 from rig.secrets import is_secret_name, redact_argv, redact_env
@@ -43,8 +43,7 @@ class ScenarioError(ValueError):
 
 
 class _Served(StrictModel):
-    """Flags and environment of `vllm serve`: no secret on its command line (anyone can read
-    it in ps), and none in a dump of the scenario (results folder, manifest)."""
+    """`vllm serve`'s flags and env: no secret on its command line (ps) or in a scenario dump."""
 
     serve_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -336,6 +335,7 @@ class Scenario(StrictModel):
     drift: DriftConfig = DriftConfig()
     control: ControlConfig = ControlConfig()
     gates: GatesConfig = GatesConfig()
+    profile: ProfileConfig | None = None  # one profiled block after the timed ones, untimed
     results_dir: Path = Path("results")
     run_id: str | None = None
     allow_version_skew: bool = Field(
@@ -377,6 +377,7 @@ class Scenario(StrictModel):
         problem = source_problem(self.workload, floor, self.control) or step_budget_problem(
             self.workload, self.model
         )
+        problem = problem or profile_problem(self.workload, self.profile)
         if problem:
             raise ValueError(problem)
         return self

@@ -38,6 +38,7 @@ from rig.serve.placement import (
     place_on_gpus,
     place_on_nodes,
 )
+from rig.serve.profiler_flags import profile_dir, profiler_args
 
 GATE_ENV = "VLLM_SERVER_DEV_MODE"  # serves /pause and /resume, which arrival: waves uses
 CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"  # vLLM's torch.compile cache (and its other caches) live here
@@ -355,6 +356,8 @@ def plan_servers(
         memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
         if memory is not None:
             argv += ["--gpu-memory-utilization", f"{memory:g}"]
+        if scenario.profile is not None and config.url is None:  # its own folder, as its port
+            argv += profiler_args(profile_dir(run_dir, slot.label))
         argv += [*model.serve_args, *config.serve_args]
         plan = ServerPlan(
             side=slot.side,

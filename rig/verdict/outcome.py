@@ -32,7 +32,9 @@ from rig.verdict.metrics import (
 from rig.verdict.perf import perf_result
 from rig.verdict.perf_records import PerfResult
 from rig.verdict.prefix_hits import TurnHits, hits_by_turn
+from rig.verdict.profile_report import ProfileResult
 from rig.verdict.self_check import SelfCheck
+from rig.verdict.sensitivity import ProfiledShare, profiled_share
 from rig.verdict.speed import SpeedDesign, speed_headline
 from rig.verdict.words import Verdict
 
@@ -67,6 +69,7 @@ class RunOutcome:
     # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
     chunked_prefill: ChunkedPrefill | None = None  # each prompt's chunks at the step budget
+    profile: ProfileResult | None = None  # the profiled block's kernel tables (`profile:`)
     # Computed from the above, once: what every report file shows.
     blocks: tuple[BlockSummary, ...] = field(init=False)  # per side, level and repeat
     level_sides: tuple[LevelSide, ...] = field(init=False)  # per level and side
@@ -86,18 +89,24 @@ class RunOutcome:
         self.bench = bench_results(self.records, self.blocks, self.manifest)
 
     def _headline(self) -> tuple[str, ...]:
-        """The speed line, what the kernel's own time predicts at each level, the kind of
+        """The speed line, what the kernel's own time (and the profiled share) predicts, the kind of
         comparison, the reference's source, the candidate self-check: under the word."""
         predicted = (lc.sensitivity for lc in self.perf.candidate)
         texts = (
             self.speed_line,
             *(found.describe() for found in predicted if found is not None),
+            self.profiled_share.describe() if self.profiled_share is not None else "",
             f"timing: {self.load_schedule}" if self.load_schedule else "",
             self.comparison,
             self.reference_source,
             self.self_check.describe() if self.self_check is not None else "",
         )
         return tuple(text for text in texts if text)
+
+    @property
+    def profiled_share(self) -> ProfiledShare | None:
+        """What the profiled GDN share predicts at its level, beside what was measured."""
+        return profiled_share(self.profile, self.perf)
 
     @property
     def compiled_blocks(self) -> list[tuple[int, int, str]]:

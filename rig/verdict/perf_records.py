@@ -178,6 +178,14 @@ class Prediction:
         interval = self.measured.interval_pct
         return interval is not None and interval[0] <= self.predicted_pct <= interval[1]
 
+    def describe(self) -> str:
+        measured = self.measured.interval_pct
+        shown = f"[{measured[0]:+.1f}, {measured[1]:+.1f}]" if measured else "no interval"
+        return (
+            f"{self.metric.label} predicted {self.predicted_pct:+.1f} %, measured "
+            f"{self.measured.change_pct:+.1f} % {shown}"
+        )
+
 
 @dataclass(frozen=True)
 class KernelSensitivity:
@@ -220,14 +228,7 @@ class KernelSensitivity:
             f"call ({k.change_pct:+.1f} %{moved}), {self.calls_per_request:.3g} calls a request, "
             f"{self.gdn_share_pct:.1f} % of the reference's time"
         ]
-        for p in self.predictions:
-            measured = p.measured.interval_pct
-            shown = f"[{measured[0]:+.1f}, {measured[1]:+.1f}]" if measured else "no interval"
-            parts.append(
-                f"{p.metric.label} predicted {p.predicted_pct:+.1f} %, measured "
-                f"{p.measured.change_pct:+.1f} % {shown}"
-            )
-        text = "; ".join(parts)
+        text = "; ".join([*parts, *(p.describe() for p in self.predictions)])
         if self.hides_kernel:
             text += (
                 ": this served configuration hides the kernel (host-bound): its speed word "

@@ -13,15 +13,27 @@ Where the kernel's time per call moved beyond its interval and a headline metric
 (the prediction lies outside its measured interval and its word is not the kernel's direction:
 "within noise", or the other way), the server's steps are set by something else (the host's
 launches and scheduling), and the speed word does not speak for the kernel.
+
+With a profiled block (`profile:`), the share is measured instead: GDN prefill's part of the
+reference's profiled step time (rig/verdict/profile.py), and `ProfiledShare` makes the same
+prediction from it, shown beside the estimated one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from rig.records import RequestRecord, ServerDelta, Side, side_of
-from rig.verdict.perf_records import KernelSensitivity, LevelComparison, Metric, Prediction
+from rig.verdict.perf_records import (
+    KernelSensitivity,
+    LevelComparison,
+    Metric,
+    PerfResult,
+    Prediction,
+)
+from rig.verdict.profile_report import ProfileResult
 
 # The headline metrics a prediction is made for (those the speed line words).
 PREDICTED = (Metric.MEAN_TTFT, Metric.TOTAL_TOKEN_THROUGHPUT)
@@ -82,3 +94,57 @@ def level_sensitivity(
 def hidden_levels(levels: Iterable[LevelComparison]) -> list[int]:
     """The levels whose served configuration hides the kernel."""
     return [lc.level for lc in levels if lc.sensitivity is not None and lc.sensitivity.hides_kernel]
+
+
+@dataclass(frozen=True)
+class ProfiledShare:
+    """The same prediction from the GDN share the profiled block measured: GDN prefill takes
+    `share` of the reference's step time, and the candidate's calls take `ratio` times as long,
+    so a step takes `1 + share x (ratio - 1)` times as long (TTFT and E2EL by that, throughput
+    by its inverse). The share is of the profiled block's steps, at the profile's level."""
+
+    level: int
+    share_pct: float
+    ratio: float  # candidate / reference GDN prefill time per call
+    ratio_source: str  # the servers' call timing at the level, or the profile's own
+    predictions: tuple[Prediction, ...]
+
+    def describe(self) -> str:
+        parts = [
+            f"kernel at C{self.level}, from the profiled share: GDN prefill "
+            f"{self.share_pct:.1f} % of the reference's profiled step time, the candidate's "
+            f"{self.ratio:.3g}x a call ({self.ratio_source})"
+        ]
+        return "; ".join([*parts, *(p.describe() for p in self.predictions)])
+
+
+def profiled_share(profile: ProfileResult | None, perf: PerfResult | None) -> ProfiledShare | None:
+    """The measured-share prediction at the profile's level; None without a reference share, a
+    ratio, or a measured metric there."""
+    if profile is None or perf is None:
+        return None
+    reference = profile.table(Side.REFERENCE)
+    share = reference.gdn_share_pct if reference is not None else None
+    compared = perf.level(profile.level)
+    if share is None or compared is None:
+        return None
+    kernel = compared.get(Metric.GDN_MS_PER_CALL)
+    if kernel is not None and kernel.reference and kernel.candidate is not None:
+        ratio, source = kernel.candidate / kernel.reference, "the servers' call timing"
+    elif (ratio := profile.gdn_ratio_per_call()) is not None:
+        source = "the profiled block's calls"
+    else:
+        return None
+    stretch = share / 100 * (ratio - 1)
+    predicted = {
+        Metric.MEAN_TTFT: 100 * stretch,
+        Metric.TOTAL_TOKEN_THROUGHPUT: -100 * stretch / (1 + stretch),
+    }
+    predictions = tuple(
+        Prediction(metric, predicted[metric], measured)
+        for metric in PREDICTED
+        if (measured := compared.get(metric)) is not None
+    )
+    if not predictions:
+        return None
+    return ProfiledShare(profile.level, share, ratio, source, predictions)

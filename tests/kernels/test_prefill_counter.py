@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import prefill_counter
-from kernels.prefill_counter import PENDING_LIMIT, PrefillCounter, new_counter
+from kernels.prefill_counter import PENDING_LIMIT, PROFILE_SCOPE, PrefillCounter, new_counter
 from kernels.proof import read_stats
 
 SHA = "0" * 64
@@ -258,3 +258,15 @@ def test_cuda_tallies_come_back_without_waiting_for_the_gpu(counter_env):
     torch.cuda.synchronize()
     counter.record()
     assert counter.tally == [1, 1, 64, 2, 128] and not counter.pending_tallies
+
+
+def test_a_call_under_a_torch_profiler_runs_in_the_rig_scope(counter_env):
+    """The scope a trace's GDN prefill time is read from; none when nothing records."""
+    counter = new_counter("ns4", SHA, "cpu")
+    op = lambda x: torch.ones(4) * x  # noqa: E731
+    assert counter.call(op, 2.0).sum() == 8
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiled:
+        assert counter.call(op, 3.0).sum() == 12
+    names = [event.name for event in profiled.events()]
+    assert names.count(f"{PROFILE_SCOPE}[ns4]") == 1 and "aten::mul" in names
+    assert counter.calls == 2

@@ -22,6 +22,7 @@ REPORT_FILES = {
     "requests.csv",
     "summary.csv",
     "perf.csv",
+    "profile.csv",
     "mismatches.csv",
     "drift.csv",
     "summary.md",

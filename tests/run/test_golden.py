@@ -83,3 +83,18 @@ def test_only_a_clean_reference_the_rig_ran_itself_is_stored_and_reused(tmp_path
 
 def lookup_args(ctx) -> tuple:
     return ctx.scenario, ctx.plan, ctx.model_path, ctx.prompts
+
+
+def test_a_profiled_run_starts_its_reference_and_keys_as_an_unprofiled_one(tmp_path, make_record):
+    """The profile needs the reference server; its flag names this run's folder, not the texts."""
+    cache = GoldenCache(tmp_path / "golden")
+    ctx = run_context(tmp_path, candidate={"kernel": "ns4"})
+    lookup = lookup_golden(cache, *lookup_args(ctx))
+    clean = open_journal(tmp_path, finished_reference(make_record))
+    store_golden(cache, lookup, "r", clean, ctx.plan, lambda: KERNELS)
+    clean.sink.close()
+    profiled = run_context(tmp_path, candidate={"kernel": "ns4"}, profile={"requests": 2})
+    assert "--profiler-config" in profiled.plan.servers["reference"].argv
+    found = lookup_golden(cache, *lookup_args(profiled))
+    assert found.key == lookup.key and found.entry is None
+    assert lookup_golden(cache, *lookup_args(ctx)).entry is not None

@@ -150,3 +150,27 @@ def test_a_restarted_servers_metrics_proofs_add_up_and_a_silent_one_falls_back_t
     assert state.proofs["reference"].prefill_calls == 10  # two starts' /metrics, summed
     assert state.proofs["candidate"].origin == "log"
     assert state.proofs["candidate"].prefill_calls == 2  # a log covers every start already
+
+
+def test_the_profiled_block_runs_once_per_server_after_its_last_timed_block(tmp_path):
+    events: list = []
+    steps = PhaseSteps(
+        start=lambda *a: FakeServerSet(events, *a),
+        load=lambda servers, levels: events.extend(("level", *servers) for _ in levels),
+        drift=lambda pair: None,
+        aa=lambda reference: None,
+        self_check=lambda candidate: None,
+        proofs=lambda servers: events.append(("proofs", *servers)),
+        profile=lambda servers: events.append(("profile", *servers)),
+    )
+    workload = {"prompts": [{"long_tokens": [100]}], "concurrency": [1], "repeats": 2}
+    ctx = run_context(tmp_path, Hardware(gpu_count=0, cpu_ids=(0,)), workload=workload)
+    run_phases(ctx, frozenset(), RunState(), steps)
+    ref, cand = "reference", "candidate"
+    assert [e for e in events if e[0] != "proofs"] == [
+        ("start", ref), ("level", ref), ("stop", ref),
+        ("start", cand), ("level", cand), ("stop", cand),
+        ("start", ref), ("level", ref), ("profile", ref), ("stop", ref),
+        ("start", cand), ("level", cand), ("profile", cand), ("stop", cand),
+    ]  # fmt: skip
+    assert events.index(("profile", ref)) < len(events) - 1 - events[::-1].index(("proofs", ref))

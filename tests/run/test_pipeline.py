@@ -127,3 +127,10 @@ def test_assumed_gpu_memory_needs_assumed_gpus(capsys):
     )
     assert main([*PLAN_397B, "--assume-gpu-gib", "0"]) == ExitCode.ERROR
     assert "--assume-gpu-gib must be more than 0" in capsys.readouterr().err
+
+
+def test_profile_flag_adds_the_profilers_flag_to_both_sides_plan(own_vllm, capsys):
+    assert main([*PLAN_397B, "--assume-gpu-gib", "140", "--profile"]) == ExitCode.PASS
+    assert capsys.readouterr().out.count("--profiler-config") == 2
+    assert main([*PLAN_397B, "--assume-gpu-gib", "140"]) == ExitCode.PASS
+    assert "--profiler-config" not in capsys.readouterr().out
