@@ -1,6 +1,6 @@
 """Reports under results/<run-id>/: requests.csv, summary.csv (`vllm bench serve`'s metric names),
 perf.csv (candidate/reference ratios with 95% intervals), bench/<side>-c<level>.json (`vllm bench
-serve --save-result` layout), mismatches.csv, drift.csv,
+serve --save-result` layout), mismatches.csv, drift.csv, accuracy.csv (the accuracy block),
 summary.md (short enough for a PR comment), report.html (self-contained, every model output
 HTML-escaped), junit.xml (one test case per request pair) and manifest.json.
 
@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from rig.report.accuracy import accuracy_frame
 from rig.report.html import render_html
 from rig.report.markdown import render_markdown
 from rig.report.mismatches import Decode
+from rig.verdict.accuracy import ACCURACY_REPEAT
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.metrics import bench_results
@@ -36,6 +38,7 @@ REPORT_FILES = (
     "perf.csv",
     "mismatches.csv",
     "drift.csv",
+    "accuracy.csv",
     "summary.md",
     "report.html",
     "junit.xml",
@@ -217,10 +220,13 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     perf_table(perf).to_csv(paths["perf.csv"], index=False)
     bench = out / "bench"
     bench.mkdir(exist_ok=True)
-    for name, result in bench_results(outcome.records, summary, outcome.manifest).items():
+    timed = [r for r in outcome.records if r.task is None]  # the accuracy block is not timed
+    untimed = summary[summary["repeat"] == ACCURACY_REPEAT] if not summary.empty else summary
+    for name, result in bench_results(timed, summary.drop(untimed.index), outcome.manifest).items():
         (bench / name).write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     mismatches.to_csv(paths["mismatches.csv"], index=False)
     drift.to_csv(paths["drift.csv"], index=False)
+    accuracy_frame(outcome.accuracy, outcome.pairs).to_csv(paths["accuracy.csv"], index=False)
     paths["summary.md"].write_text(
         render_markdown(outcome, table), encoding="utf-8", errors="backslashreplace"
     )

@@ -8,6 +8,7 @@ import re
 import pandas as pd
 
 from rig.records import Side
+from rig.report.accuracy import accuracy_markdown
 from rig.report.format import DASH, check, missing, number
 from rig.report.html import headline_texts
 from rig.report.mismatches import mismatch_order
@@ -170,6 +171,7 @@ def render_markdown(outcome: RunOutcome, table: pd.DataFrame) -> str:
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
     if outcome.chunked_prefill is not None:
         head += [_clip(f"Chunked prefill: {outcome.chunked_prefill.describe()}"), ""]
+    head += accuracy_markdown(outcome.accuracy)
     head += _jit_lines(outcome.compiled_blocks)
     perf = outcome.perf
     head += _server_lines(perf)

@@ -9,7 +9,7 @@ from pathlib import Path
 from kernels.backends import reference_kernel_name
 from kernels.proof import InitialStateCounts, KernelProof, read_kernel_proof
 from kernels.registry import planted_delay_ms
-from rig.records import ServerDelta, Side
+from rig.records import RequestRecord, ServerDelta, Side
 from rig.report.mismatches import Decode
 from rig.run.cache import GoldenEntry
 from rig.run.load_phase import timing_design
@@ -20,6 +20,7 @@ from rig.scenario.config import SIDES, Scenario
 from rig.serve.logs import ADVISORY_LOG_KINDS
 from rig.serve.plan import LaunchPlan
 from rig.serve.skew import served_skew
+from rig.verdict.accuracy import AccuracyResult, accuracy_result
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
 from rig.verdict.gates import (
@@ -226,6 +227,17 @@ def run_speed_design(
     )
 
 
+def question_scores(ctx: RunContext, records: list[RequestRecord]) -> AccuracyResult | None:
+    """The accuracy block's paired scores; None without one."""
+    block = ctx.scenario.accuracy
+    if block is None:
+        return None
+    targets = {q.id: q.answer for q in ctx.questions}
+    return accuracy_result(
+        targets, records, block.source, block.answer, block.alpha, block.max_drop_pt
+    )
+
+
 def build_outcome(
     ctx: RunContext,
     state: RunState,
@@ -279,10 +291,11 @@ def build_outcome(
             {Side.CANDIDATE: state.alone_replayed, ALONE_SIDE: state.alone_replayed},
             gated=self_check_gated,
         )
+    accuracy = question_scores(ctx, finished_records)
     timing = timing_design(ctx, state.server_deltas, state.faults)
     levels = len(workload.concurrency)  # the family the intervals' confidence is set for
     raw_perf = perf_result(
-        state.records,
+        [r for r in state.records if r.task is None],  # the questions are not timed
         state.aa_records,
         aa_concurrency(scenario),
         planted_delay(scenario.candidate.kernel, ctx.plan, state.server_deltas),
@@ -365,6 +378,7 @@ def build_outcome(
         error=error,
         prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
         replayed={side: replayed[side] for side in SIDES if side in replayed},
+        accuracy=accuracy,
         chunked_prefill=chunked_prefill(state.records, scenario.model.max_num_batched_tokens),
         speed=speed,
         comparison="A/A run: the reference against itself" if is_aa_run(scenario) else "",

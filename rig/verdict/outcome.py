@@ -12,6 +12,7 @@ import pandas as pd
 from rig.manifest_record import RunManifest
 from rig.records import CompletionKey, LevelFault, RequestRecord, ServerDelta, TokenLogprob
 from rig.serve.logs import JIT_COMPILE
+from rig.verdict.accuracy import AccuracyResult
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.gates import SideKernel, Verdict
@@ -53,6 +54,7 @@ class RunOutcome:
     # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
     chunked_prefill: ChunkedPrefill | None = None  # each prompt's chunks at the step budget
+    accuracy: AccuracyResult | None = None  # the accuracy block's paired scores
     requests: pd.DataFrame = field(init=False)  # one row per request, vllm bench's metrics
     summary: pd.DataFrame = field(init=False)  # per side, level and repeat
 
