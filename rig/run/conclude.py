@@ -20,7 +20,7 @@ from rig.scenario.config import SIDES, Scenario
 from rig.serve.logs import ADVISORY_LOG_KINDS
 from rig.serve.plan import LaunchPlan
 from rig.serve.skew import served_skew
-from rig.verdict.accuracy import AccuracyResult, accuracy_result
+from rig.verdict.accuracy import AccuracyResult, accuracy_gate, accuracy_result
 from rig.verdict.compare import compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
 from rig.verdict.gates import (
@@ -323,6 +323,7 @@ def build_outcome(
             for g in (
                 installs_gate(scenario, ctx.plan, state.served_versions),
                 initial_state_gate(kernels) if scenario.gates.require_initial_state else None,
+                accuracy_gate(accuracy) if accuracy is not None else None,
                 self_check_gate(
                     candidate_alone, aa_pairs, scenario.gates.allow_self_check_beyond_aa
                 )
