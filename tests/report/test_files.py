@@ -38,6 +38,7 @@ REPORT_FILES = {
     "perf.csv",
     "mismatches.csv",
     "drift.csv",
+    "accuracy.csv",
     "summary.md",
     "report.html",
     "junit.xml",
