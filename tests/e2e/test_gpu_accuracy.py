@@ -5,9 +5,10 @@ tiny-qwen35 scores about 0 on GSM8K, so the graded questions here are 40 made-up
 answer is the number the reference itself writes: a first run, the reference against itself,
 answers them; its flexible answers become the key. The second run is FLA against ns3, whose
 outputs on this model are empty (docs/gpu-long.md): every question the reference answers is
-lost, and the exact McNemar test fails the run though the text, drift and pathology gates are
-turned off. Each run prints `gpu-accuracy <name> {json}` and, with RIG_GPU_EVIDENCE_DIR set,
-copies its evidence there before any assertion.
+lost, and the exact McNemar test fails the run though the substantive-divergence, drift and
+pathology gates are turned off (the unclassified-divergence gate has no switch; the printed
+gates say whether it fired too). Each run prints `gpu-accuracy <name> {json}` and, with
+RIG_GPU_EVIDENCE_DIR set, copies its evidence there before any assertion.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ TEXT_GATES_OFF = (
 def block(path: Path) -> list[str]:
     sets = [
         "model.name=tiny-qwen35",
+        "model.enforce_eager=true",  # no CUDA graphs to capture: two runs within 4 minutes
         f"accuracy.path={path}",
         "accuracy.answer=flexible",
         "accuracy.replace_timed_levels=true",
@@ -97,6 +99,6 @@ def test_ns3_is_caught_by_accuracy_alone(runs):
     assert len(rows) >= 6, f"the reference wrote a number in {len(rows)} answers: too few flips"
     gates = {g["name"]: g for g in ns3.manifest()["verdict"]["gates"]}
     assert not gates["accuracy"]["passed"] and "significant loss" in gates["accuracy"]["detail"]
-    text_gates = [name for name, g in gates.items() if not g["passed"] and name != "accuracy"]
-    assert text_gates == [], text_gates
+    turned_off = {"pathologies", "teacher-forced drift", "substantive divergences"}
+    assert all(gates[name]["passed"] for name in turned_off & set(gates)), gates
     assert ns3.returncode == 1
