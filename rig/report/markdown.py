@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from rig.records import Side
+from rig.report.accuracy import accuracy_markdown
 from rig.report.format import DASH, check, missing, number
 from rig.report.mismatches import mismatch_order
 from rig.report.prefix_hits import hits_markdown
@@ -172,6 +173,7 @@ def render_markdown(outcome: RunOutcome) -> str:
     head += ["", _clip(f"Kernels: {kernels or 'not proven'}"), ""]
     if outcome.chunked_prefill is not None:
         head += [_clip(f"Chunked prefill: {outcome.chunked_prefill.describe()}"), ""]
+    head += accuracy_markdown(outcome.accuracy)
     head += _jit_lines(outcome.compiled_blocks)
     perf = outcome.perf
     head += _server_lines(perf)

@@ -182,8 +182,8 @@ def mismatch_card(
         for p in pair.pathologies
     )
     return (
-        f'<details class="mismatch" data-level="{pair.level}" data-category="{esc(category)}" '
-        f'data-label="{kind}"{" open" if open_ else ""}>{summary}'
+        f'<details class="mismatch" id="pair-{esc(pair.request_id)}" data-level="{pair.level}" '
+        f'data-category="{esc(category)}" data-label="{kind}"{" open" if open_ else ""}>{summary}'
         + (f"<ul class='pathologies'>{pathologies}</ul>" if pathologies else "")
         + f'<div class="sides">{"".join(sides)}</div></details>'
     )

@@ -1,8 +1,8 @@
 """The CSV tables at the report's edge, the one place pandas meets the typed records:
 requests.csv, summary.csv (`vllm bench serve`'s names, BlockSummary.bench_stats), perf.csv
 (perf_table, and read_perf_table, its inverse, for tools that read a stored run's perf back as
-records), mismatches.csv, drift.csv and profile.csv. Everything shown is computed in verdict/;
-these only lay it out in columns."""
+records), mismatches.csv, drift.csv, profile.csv and accuracy.csv. Everything shown is
+computed in verdict/; these only lay it out in columns."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 from rig.records import RequestRecord
+from rig.report.mismatches import label
+from rig.verdict.accuracy import AccuracyResult
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.metrics import BlockSummary
@@ -84,6 +86,38 @@ def summary_table(blocks: tuple[BlockSummary, ...]) -> pd.DataFrame:
 def mismatches_table(pairs: list[PairResult]) -> pd.DataFrame:
     """mismatches.csv: every pair whose texts differ."""
     return pd.DataFrame([p.as_row() for p in pairs if not p.identical])
+
+
+def accuracy_table(result: AccuracyResult | None, pairs: list[PairResult]) -> pd.DataFrame:
+    """accuracy.csv: per question both sides' answers (strict and flexible), which the verdict
+    scored right, the flip, and its request pair's first divergence and margin label."""
+    if result is None:
+        return pd.DataFrame()
+    by_id = {p.request_id: p for p in pairs}
+    rows = []
+    for question in result.pairs:
+        pair = by_id.get(question.request_id)
+        d = pair.divergence if pair is not None else None
+        rows.append(
+            {
+                "question_id": question.question_id,
+                "request_id": question.request_id,
+                "level": question.level,
+                "target": question.target,
+                "reference_strict": question.reference.strict,
+                "reference_flexible": question.reference.flexible,
+                "reference_right": question.reference.right,
+                "candidate_strict": question.candidate.strict,
+                "candidate_flexible": question.candidate.flexible,
+                "candidate_right": question.candidate.right,
+                "flip": question.flip,
+                "pair_label": label(pair) if pair is not None and not pair.identical else "",
+                "div_char_index": d.char_index if d else None,
+                "div_token_index": d.token_index if d else None,
+                "div_reference_margin": d.reference_margin if d else None,
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def profile_table(profile: ProfileResult | None) -> pd.DataFrame:

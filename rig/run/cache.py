@@ -159,6 +159,8 @@ def golden_key(
         "drift": scenario.drift.model_dump(mode="json"),
         "entry_format": ENTRY_FORMAT,
     }
+    if scenario.accuracy is not None:  # its questions are part of the reference's results
+        fields["accuracy"] = scenario.accuracy.model_dump(mode="json")
     blob = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode()
     return hashlib.sha256(blob).hexdigest()[:24], fields
 

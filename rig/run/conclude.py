@@ -22,6 +22,7 @@ from rig.run.state import RunContext, RunState, finished
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.plan import LaunchPlan
 from rig.serve.skew import served_skew
+from rig.verdict.accuracy import AccuracyResult, accuracy_result
 from rig.verdict.compare import PairResult, Replayed, compare_pairs
 from rig.verdict.drift import DriftResult, drift_results, forced_positions
 from rig.verdict.evidence import Evidence, InstallsSeen, SideKernel
@@ -253,13 +254,24 @@ def measured_perf(ctx: RunContext, state: RunState, timing: TimingDesign) -> Per
     the family of the workload's levels."""
     scenario = ctx.scenario
     return perf_result(
-        state.records,
+        [r for r in state.records if r.task is None],  # the graded questions are not timed
         state.aa_records,
         aa_concurrency(scenario),
         planted_delay(scenario.candidate.kernel, ctx.plan, state.server_deltas),
         confidence=SpeedDesign(True).interval_confidence(len(scenario.workload.concurrency)),
         timing=timing,
         deltas=state.server_deltas,
+    )
+
+
+def question_scores(ctx: RunContext, records: list[RequestRecord]) -> AccuracyResult | None:
+    """The accuracy block's paired scores; None without one."""
+    block = ctx.scenario.accuracy
+    if block is None:
+        return None
+    targets = {q.id: q.answer for q in ctx.questions}
+    return accuracy_result(
+        targets, records, block.source, block.answer, block.alpha, block.max_drop_pt
     )
 
 
@@ -299,6 +311,7 @@ def run_evidence(
         proof_not_asked=proof_not_asked(scenario),
         installs=installs_seen(scenario, ctx.plan, state.served_versions),
         self_check=candidate_self_check(scenario, state),
+        accuracy=question_scores(ctx, [r for r in state.records if finished(r)]),
         reference=reference,
         candidate=candidate,
         perf=measured_perf(ctx, state, timing),
@@ -367,6 +380,7 @@ def build_outcome(
         error=error,
         prompt_categories={p.id: p.category for p in ctx.prompts if p.category},
         replayed={side: replayed[side] for side in SIDES if side in replayed},
+        accuracy=evidence.accuracy,
         chunked_prefill=chunked_prefill(state.records, scenario.model.max_num_batched_tokens),
         profile=read_profile(ctx.run_dir, scenario),
         speed=speed,

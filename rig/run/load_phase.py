@@ -1,15 +1,16 @@
 """The load phase: each level warmed up at its own concurrency until no server compiles, then its
-timed blocks in the order the schedule gives (rig.serve.placement.LoadSchedule), each server's
-log faults and /metrics counters read around its block. A block in which a server compiled a
-kernel is run again under a new repeat number (it stays on record for the comparison of texts,
-never in a speed interval). With `workload.speed_resolution_pct`, blocks are added to a level
-until its headline intervals are that narrow, or the time budget ends."""
+timed blocks in the schedule's order (rig.serve.placement.LoadSchedule), each server's log
+faults and /metrics counters read around its block. A block in which a server compiled a kernel
+runs again under a new repeat number (kept for the comparison of texts, in no speed interval).
+With `workload.speed_resolution_pct`, blocks are added until the level's headline intervals are
+that narrow, or the time budget ends."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import time
+from collections.abc import Callable
 
 from rig.interrupts import hold_at
 from rig.load.pairs import run_pairs
@@ -20,7 +21,15 @@ from rig.load.server_metrics import (
     server_delta,
 )
 from rig.load.waves import GateUnavailable, ServerGate
-from rig.records import JIT_COMPILE, LevelFault, RequestRecord, ServerTarget, Side, SideJob
+from rig.records import (
+    JIT_COMPILE,
+    LevelFault,
+    RequestRecord,
+    RequestSpec,
+    ServerTarget,
+    Side,
+    SideJob,
+)
 from rig.run.pair_load import send_level
 from rig.run.state import RunContext, RunJournal
 from rig.run.turns import run_turns
@@ -165,22 +174,26 @@ def level_jobs(
     repeat: int,
     tag: str = "",
     count: int | None = None,
+    requests: Callable[[str], list[RequestSpec]] | None = None,
 ) -> list[SideJob]:
-    """Each server's share of a level: a side's ordered requests and its C are sharded over
-    its replicas, request i on pair i % R, so both halves of a request pair meet on the
-    same pair."""
+    """Each server's share of a level (a side's `requests`, default the workload's): a side's
+    ordered requests and its C are sharded over its replicas, request i on pair i % R, so
+    both halves of a request pair meet on the same pair."""
     jobs = []
     for target in targets.values():
-        specs = level_requests(
-            ctx.scenario.workload,
-            ctx.prompts,
-            level=level,
-            repeat=repeat,
-            side=target.side,
-            run_id=ctx.run_id,
-            tag=tag,
-            count=count,
-        )
+        if requests is not None:
+            specs = requests(target.side)
+        else:
+            specs = level_requests(
+                ctx.scenario.workload,
+                ctx.prompts,
+                level=level,
+                repeat=repeat,
+                side=target.side,
+                run_id=ctx.run_id,
+                tag=tag,
+                count=count,
+            )
         replicas = len(ctx.plan.side_servers(target.side))
         shards = shard(len(specs), replicas, level)
         if target.replica < len(shards):
@@ -209,9 +222,11 @@ def run_block(
     repeat: int,
     pairs: bool = False,
     waves: bool = False,
+    requests: Callable[[str], list[RequestSpec]] | None = None,
 ) -> None:
     """One block: `servers`' share of one (level, repeat), at once (or, with `pairs`, request
-    pairs back to back; with `waves`, in gated waves); a server that died in it stops the run."""
+    pairs back to back; with `waves`, in gated waves; `requests`: each side's, if not the
+    workload's); a server that died in it stops the run."""
     workload = ctx.scenario.workload
     targets = server_targets(servers)
     hold_at("load")
@@ -243,10 +258,10 @@ def run_block(
         )
 
     try:
-        if ctx.conversations:
+        if ctx.conversations and requests is None:
             level_records = run_turns(ctx, targets, level, repeat, send, journal.state)
         else:
-            results = send(level_jobs(ctx, targets, level, repeat))
+            results = send(level_jobs(ctx, targets, level, repeat, requests=requests))
             level_records = [record for records in results.values() for record in records]
     except PairLost:  # the server that went with it names the fault
         stop_if_died(journal, servers, level, repeat, [], wait_s=DEATH_WAIT_S)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from kernels.proof import read_kernel_proof
 from rig.load.server_metrics import MetricsUnreadable, fetch_kernel_proof, served_version
 from rig.records import Side
+from rig.run.accuracy import timed_levels
 from rig.run.state import RunContext, RunState
 from rig.serve.placement import phase_rounds
 from rig.serve.plan import ServerPlan
@@ -43,7 +44,7 @@ def run_phases(
     for index, planned in enumerate(rounds):
         levels = [
             (level, repeat)
-            for level in scenario.workload.concurrency
+            for level in timed_levels(scenario)
             for repeat in planned.repeats
             if (level, repeat) not in done_levels
         ]

@@ -24,10 +24,10 @@ from rig.interrupts import InterruptsDeferred, hold_at, interrupts_raise
 from rig.load.replay_records import REPLAY_FILE, write_replay
 from rig.records import REQUESTS_FILE, ExitCode
 from rig.report.files import remove_report, write_report
+from rig.run.accuracy import load_and_questions
 from rig.run.cache import GoldenCache
 from rig.run.conclude import build_outcome, model_decoder, side_kernels
 from rig.run.golden import GoldenLookup, cost_comparison, lookup_golden, store_golden, take_golden
-from rig.run.load_phase import run_load
 from rig.run.phases import PhaseSteps, read_proofs, run_phases
 from rig.run.profile_phase import run_profiled_block
 from rig.run.replay import run_aa, run_drift
@@ -39,6 +39,7 @@ from rig.run.state import (
     RunState,
     resume_from_disk,
 )
+from rig.scenario.accuracy_tasks import load_questions
 from rig.scenario.config import Scenario, ScenarioError
 from rig.scenario.loader import load_scenario
 from rig.scenario.profile_config import ProfileConfig
@@ -89,9 +90,11 @@ class Runner:
         reference from the golden cache when it holds it."""
         done_levels: frozenset[tuple[int, int]] = frozenset()
         state = RunState()
+        block = scenario.accuracy
+        questions = tuple(load_questions(block)) if block is not None else ()
         if resume:
             expected = scenario.workload.requests_per_level or len(prompts)
-            resumed = resume_from_disk(run_dir, expected)
+            resumed = resume_from_disk(run_dir, expected, len(questions))
             done_levels, state = resumed.done_levels, resumed.state
             cache = None  # the interrupted run's own reference results are what count
         journal = RunJournal(run_dir, state, RecordSink.open(run_dir / REQUESTS_FILE))
@@ -99,7 +102,9 @@ class Runner:
         if golden.entry is not None:
             plan = take_golden(journal, golden.entry, plan)
         conversations = tuple(resolve_conversations(scenario.workload))
-        ctx = RunContext(scenario, run_id, run_dir, plan, model_path, prompts, conversations)
+        ctx = RunContext(
+            scenario, run_id, run_dir, plan, model_path, prompts, conversations, questions
+        )
         return cls(ctx, journal, done_levels, cache, golden)
 
     @property
@@ -111,7 +116,7 @@ class Runner:
         on_ray = ctx.scenario.placement.backend == "ray"
         steps = PhaseSteps(
             start=partial(RayPairs, ctx.plan.placement) if on_ray else ServerSet,
-            load=partial(run_load, ctx, self.journal),
+            load=partial(load_and_questions, ctx, self.journal),
             drift=partial(run_drift, ctx, state),
             aa=partial(run_aa, ctx, state),
             self_check=partial(run_self_check, ctx, state),

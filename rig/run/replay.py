@@ -10,6 +10,7 @@ from rig.records import ServerTarget, Side, SideJob
 from rig.run.load_phase import server_targets
 from rig.run.state import RunContext, RunState
 from rig.run.turns import turn_bodies
+from rig.scenario.accuracy_tasks import tokenize_bodies
 from rig.scenario.config import Scenario
 from rig.scenario.workload import level_requests, tokenize_body
 from rig.serve.servers import Server
@@ -32,6 +33,8 @@ def run_drift(ctx: RunContext, state: RunState, servers: dict[str, Server]) -> N
     targets = server_targets(servers)
     if Side.REFERENCE in targets and not state.sequences:
         bodies = {p.id: tokenize_body(p, ctx.scenario.workload) for p in ctx.prompts}
+        if ctx.scenario.accuracy is not None:
+            bodies |= tokenize_bodies(list(ctx.questions), ctx.scenario.accuracy.shots)
         reference_records = [r for r in state.records if r.side == Side.REFERENCE]
         bodies |= turn_bodies(ctx, reference_records, tokenize_body)
         state.sequences = forced_sequences(reference_records, bodies, targets[Side.REFERENCE])

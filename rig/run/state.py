@@ -24,6 +24,8 @@ from rig.records import (
     read_records,
 )
 from rig.run.manifest import build_manifest
+from rig.scenario.accuracy_config import ACCURACY_REPEAT
+from rig.scenario.accuracy_tasks import Question
 from rig.scenario.config import SIDES, Scenario
 from rig.scenario.conversations import Conversation
 from rig.scenario.prompts import Prompt
@@ -44,6 +46,7 @@ class RunContext:
     model_path: str
     prompts: list[Prompt]
     conversations: tuple[Conversation, ...] = ()  # workload.conversations, sent turn by turn
+    questions: tuple[Question, ...] = ()  # the accuracy block's graded questions
 
     @functools.cached_property
     def manifest(self) -> RunManifest:
@@ -150,9 +153,10 @@ class Resumed:
     state: RunState
 
 
-def resume_from_disk(run_dir: Path, expected: int) -> Resumed:
-    """Keep the levels an interrupted run finished on every side (`expected` records each);
-    the others run again. The run's files are cut back to the kept levels."""
+def resume_from_disk(run_dir: Path, expected: int, questions: int = 0) -> Resumed:
+    """Keep the levels an interrupted run finished on every side (`expected` records each, the
+    accuracy block `questions`); the others run again. The run's files are cut back to the
+    kept levels."""
     records_path = run_dir / REQUESTS_FILE
     records = read_records(records_path)
     groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
@@ -161,7 +165,8 @@ def resume_from_disk(run_dir: Path, expected: int) -> Resumed:
     complete = {
         key
         for key, group in groups.items()
-        if len(group) == expected and all(finished(r) for r in group)
+        if len(group) == (questions if key[2] == ACCURACY_REPEAT else expected)
+        and all(finished(r) for r in group)
     }
     faults = read_jsonl(run_dir / FAULTS_FILE, LevelFault)
     died = {(f.level, f.repeat) for f in faults if f.kind == "server_died"}

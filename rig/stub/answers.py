@@ -5,6 +5,7 @@ SSE chunks stamped with their send time, and whole (non-streamed) responses."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import zlib
 from typing import Literal
@@ -54,9 +55,12 @@ class EventWriter:
         self.emitted_chars = 0
         self.tokens_sent = 0
 
-    async def send_token(self, token_id: int, finish_reason: str | None, fault: str | None) -> None:
+    async def send_token(
+        self, token_id: int, finish_reason: str | None, fault: str | None, text: str | None = None
+    ) -> None:
         first = self.tokens_sent == 0
-        text = "\ufffd" if fault == "replacement_char" and first else token_text(token_id)
+        if text is None:
+            text = "\ufffd" if fault == "replacement_char" and first else token_text(token_id)
         delta: dict | str = {"content": text} if self.chat else text
         extra = {"token_ids": [token_id]} if self.body.get("return_token_ids") else {}
         if self.top_k >= 0:
@@ -140,6 +144,15 @@ def plan_tokens(
     if fault == "diverge":
         ids = ids[: n_tokens // 2] + [(t + 1) % VOCAB_SIZE for t in ids[n_tokens // 2 :]]
     return ids, "length" if n_tokens == max_tokens else "stop"
+
+
+def scripted_tokens(text: str, max_tokens: int) -> tuple[list[int], list[str], str]:
+    """A scripted answer as the stub streams it: a token per word (its leading space kept),
+    at most `max_tokens`, and the finish reason."""
+    pieces = re.findall(r"\s*\S+", text)
+    kept = pieces[:max_tokens]
+    ids = [zlib.crc32(piece.encode()) % VOCAB_SIZE for piece in kept]
+    return ids, kept, "length" if len(pieces) > max_tokens else "stop"
 
 
 def count_prompt_tokens(body: dict, chat: bool) -> int:

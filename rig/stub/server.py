@@ -11,6 +11,7 @@ a busy stub does not shift it; a send is stamped right before the bytes go to th
 It also injects the faults the rig must survive (HTTP errors, hangs, malformed SSE, dropped
 connections, invalid UTF-8, U+FFFD, repetition, empty output, divergence), chosen per request by
 the body field `stub_fault` or per arrival index by the server option `--fault INDEX=KIND`.
+`--answers FILE` scripts what a completion whose prompt ends a given way says (graded questions).
 
 Output is a deterministic function of the prompt, so two stubs answer a request identically
 (unless told to diverge); so is the teacher-forced replay (/tokenize, `prompt_logprobs`), which
@@ -38,6 +39,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from rig.load.http_client import enable_receive_stamps
 from rig.stub.answers import (
@@ -46,6 +48,7 @@ from rig.stub.answers import (
     count_prompt_tokens,
     full_response,
     plan_tokens,
+    scripted_tokens,
     tokenize,
 )
 from rig.stub.wire import ClientGone, HttpRequest, Wire, send_error, send_json
@@ -60,6 +63,7 @@ class StubConfig:
     faults: dict[int, str] = field(default_factory=dict)  # arrival index -> fault kind
     engines: int = 1  # label sets on /metrics, to exercise summing over them
     replay_delay_s: float = 0.0  # before answering a prompt_logprobs (teacher-forced) request
+    answers: dict[str, str] = field(default_factory=dict)  # prompt suffix -> scripted text
 
 
 @dataclass
@@ -237,6 +241,10 @@ class StubServer:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
         n_tokens = min(max_tokens, self.config.output_tokens)
         token_ids, finish_reason = plan_tokens(prompt_key, n_tokens, max_tokens, fault)
+        prompt, texts = body.get("prompt"), None
+        scripted = [t for s, t in self.config.answers.items() if str(prompt).endswith(s)]
+        if scripted and not chat and fault is None:
+            token_ids, texts, finish_reason = scripted_tokens(scripted[0], max_tokens)
         if body.get("prompt_logprobs") is not None:
             await asyncio.sleep(self.config.replay_delay_s)
         if not body.get("stream"):
@@ -267,7 +275,8 @@ class StubServer:
             if fault == "malformed_sse" and i == 1:
                 await wire.send_chunk(b'data: {"choices": [{"text": "unterminated\n\n')
             last = i == len(token_ids) - 1
-            await writer.send_token(token_id, finish_reason if last else None, fault)
+            text = texts[i] if texts else None
+            await writer.send_token(token_id, finish_reason if last else None, fault, text)
         if (body.get("stream_options") or {}).get("include_usage"):
             await writer.send_usage(prompt_tokens, len(token_ids))
         await wire.send_chunk(b"data: [DONE]\n\n")
@@ -352,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="delay before answering each prompt_logprobs (teacher-forced replay) request",
     )
+    parser.add_argument("--answers", type=Path, help="JSON: prompt suffix -> scripted answer")
     parser.add_argument(
         "--fault", type=_parse_fault, action="append", default=[], metavar="INDEX=KIND"
     )
@@ -364,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         faults=dict(args.fault),
         engines=args.engines,
         replay_delay_s=args.replay_delay_ms / 1000,
+        answers=json.loads(args.answers.read_text()) if args.answers else {},
     )
 
     async def serve() -> None:

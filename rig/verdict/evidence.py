@@ -11,6 +11,7 @@ from functools import cached_property
 from kernels.proof import InitialStateCounts
 from rig.records import RequestRecord
 from rig.scenario.gates_config import GatesConfig
+from rig.verdict.accuracy import AccuracyResult
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.perf_records import PerfResult
@@ -91,6 +92,7 @@ class Evidence:
     proof_not_asked: str | None = None
     installs: InstallsSeen | None = None  # None: both sides share one installation
     self_check: SelfCheck | None = None  # None: the self-check did not run
+    accuracy: AccuracyResult | None = None  # None: no accuracy block
     reference: list[RequestRecord] = field(default_factory=list)
     candidate: list[RequestRecord] = field(default_factory=list)
     perf: PerfResult | None = None

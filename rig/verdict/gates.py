@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from rig.verdict.accuracy import accuracy_gate
 from rig.verdict.evidence import Evidence
 from rig.verdict.initial_state import initial_state_gate
 from rig.verdict.kernel_gates import kernel_proof, reference_backend
@@ -208,6 +209,11 @@ def self_check(evidence: Evidence) -> Gate | None:
     return self_check_gate(evidence.self_check, evidence.aa_pairs, allowed)
 
 
+def graded_accuracy(evidence: Evidence) -> Gate | None:
+    """rig.verdict.accuracy: a significant loss on the graded questions, where they ran."""
+    return accuracy_gate(evidence.accuracy) if evidence.accuracy is not None else None
+
+
 # The gates that make the word, in the order every report lists them.
 GATES: tuple[GateRule, ...] = (
     pairs_compared,
@@ -222,6 +228,7 @@ GATES: tuple[GateRule, ...] = (
     reference_backend,
     vllm_installs,
     initial_state,
+    graded_accuracy,
     self_check,
 )
 

@@ -18,6 +18,7 @@ from rig.records import (
     ServerDelta,
     TokenLogprob,
 )
+from rig.verdict.accuracy import ACCURACY_REPEAT, AccuracyResult
 from rig.verdict.compare import PairResult
 from rig.verdict.drift import DriftResult
 from rig.verdict.evidence import SideKernel
@@ -69,6 +70,7 @@ class RunOutcome:
     # Each side's teacher-forced replay along the reference completions (drift.forced_positions)
     replayed: dict[str, dict[CompletionKey, list[TokenLogprob]]] = field(default_factory=dict)
     chunked_prefill: ChunkedPrefill | None = None  # each prompt's chunks at the step budget
+    accuracy: AccuracyResult | None = None  # the accuracy block's paired scores
     profile: ProfileResult | None = None  # the profiled block's kernel tables (`profile:`)
     # Computed from the above, once: what every report file shows.
     blocks: tuple[BlockSummary, ...] = field(init=False)  # per side, level and repeat
@@ -86,7 +88,9 @@ class RunOutcome:
         self.speed_line = speed_headline(self.perf, self.speed)
         self.headline = self._headline()
         self.turn_hits = tuple(hits_by_turn(self.records))
-        self.bench = bench_results(self.records, self.blocks, self.manifest)
+        timed = [r for r in self.records if r.task is None]  # no graded question is timed
+        timed_blocks = tuple(b for b in self.blocks if b.repeat != ACCURACY_REPEAT)
+        self.bench = bench_results(timed, timed_blocks, self.manifest)
 
     def _headline(self) -> tuple[str, ...]:
         """The speed line, what the kernel's own time (and the profiled share) predicts, the kind of

@@ -25,6 +25,7 @@ REPORT_FILES = {
     "profile.csv",
     "mismatches.csv",
     "drift.csv",
+    "accuracy.csv",
     "summary.md",
     "report.html",
     "junit.xml",

@@ -5,6 +5,7 @@ import pytest
 
 from rig.records import ExitCode
 from rig.scenario.gates_config import GatesConfig
+from rig.verdict.accuracy import accuracy_result
 from rig.verdict.compare import Divergence, PairResult, Pathology
 from rig.verdict.drift import DriftResult
 from rig.verdict.evidence import Evidence, InstallsSeen, SideKernel, count
@@ -678,6 +679,7 @@ def test_the_gates_run_in_the_order_the_reports_list_them():
         aa_drift=[drift(0.01)],
         reference_backend="triton",
         installs=InstallsSeen("a; b"),
+        accuracy=accuracy_result({}, [], "q"),
     )
     assert [g.name for g in decide(full).gates] == [
         "pairs compared",
@@ -692,9 +694,10 @@ def test_the_gates_run_in_the_order_the_reports_list_them():
         "reference backend",
         "vLLM installs",
         "initial state exercised",
+        "accuracy",
         "self-check beyond the A/A floor",
     ]
-    assert len(GATES) == 13
+    assert len(GATES) == 14
 
 
 def test_a_new_gate_is_a_function_and_a_line_in_the_list():
