@@ -183,13 +183,17 @@ def accuracy_result(
     max_drop_pt: float | None = 0.0,
 ) -> AccuracyResult:
     """Pair the task's records by request id and score both answers; `targets`: each question's
-    reference answer by question (prompt) id."""
+    reference answer by question (prompt) id, in the order the pairs keep (the file's)."""
+    order = {question: i for i, question in enumerate(targets)}
     answers: dict[str, dict[str, RequestRecord]] = {}
     for record in records:
         if record.task is not None and record.prompt_id in targets and not record.cancelled:
             answers.setdefault(record.request_id, {})[record.side] = record
     pairs = []
-    for request_id, sides in sorted(answers.items()):
+    by_question = sorted(
+        answers.items(), key=lambda a: (order[next(iter(a[1].values())).prompt_id], a[0])
+    )
+    for request_id, sides in by_question:
         ref, cand = sides.get(Side.REFERENCE), sides.get(Side.CANDIDATE)
         if ref is None or cand is None or ref.error is not None or cand.error is not None:
             continue
