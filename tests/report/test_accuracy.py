@@ -1,26 +1,21 @@
 """The accuracy block as the report shows it: summary.md's line, report.html's section with
 each flip linked to its request pair's card, and accuracy.csv's rows."""
 
-from rig.records import RequestRecord, Side
+from rig.records import Side
 from rig.report.accuracy import accuracy_markdown, accuracy_section
 from rig.report.tables import accuracy_table
 from rig.verdict.accuracy import accuracy_result
 from rig.verdict.compare import compare_pairs
-
-
-def record(side: str, index: int, text: str) -> RequestRecord:
-    return RequestRecord(
-        side=side, request_id=f"acc-q-{index}", prompt_id=f"q-{index}", level=4, repeat=-1,
-        index=index, cache_salt=f"s.{side}.{index}", sent_at=0.0, ttft_s=0.1, itl_s=[],
-        e2el_s=0.2, text=text, token_ids=None, finish_reason="stop", prompt_tokens=10,
-        output_tokens=3, logprobs=None, http_status=200, error=None, task="q",
-    )  # fmt: skip
+from tests.accuracy_builders import answer_record
 
 
 def one_lost():
     """Two questions, both right on the reference; the candidate loses the second."""
-    reference = [record(Side.REFERENCE, i, f" so\n#### {i + 100}") for i in range(2)]
-    candidate = [record(Side.CANDIDATE, 0, " so\n#### 100"), record(Side.CANDIDATE, 1, " #### 7")]
+    reference = [answer_record(Side.REFERENCE, i, f" so\n#### {i + 100}") for i in range(2)]
+    candidate = [
+        answer_record(Side.CANDIDATE, 0, " so\n#### 100"),
+        answer_record(Side.CANDIDATE, 1, " #### 7"),
+    ]
     result = accuracy_result({"q-0": "100", "q-1": "101"}, reference + candidate, "q")
     return result, compare_pairs(reference, candidate, 0.1, 16, {})
 

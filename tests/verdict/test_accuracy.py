@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rig.records import RequestRecord, Side
+from rig.records import Side
 from rig.scenario.gates_config import GatesConfig
 from rig.verdict.accuracy import (
     INVALID,
@@ -20,6 +20,7 @@ from rig.verdict.accuracy import (
 )
 from rig.verdict.evidence import Evidence
 from rig.verdict.gates import GATES, graded_accuracy
+from tests.accuracy_builders import answer_record
 
 
 @pytest.mark.parametrize(
@@ -81,23 +82,18 @@ def test_wilson_interval_matches_known_values():
     assert wilson(0, 0) == (0.0, 1.0)
 
 
-def record(side: str, index: int, text: str, error: str | None = None) -> RequestRecord:
-    return RequestRecord(
-        side=side, request_id=f"acc-q-{index}", prompt_id=f"q-{index}", level=4, repeat=-1,
-        index=index, cache_salt=f"s.{side}.{index}", sent_at=0.0, ttft_s=0.1, itl_s=[],
-        e2el_s=0.2, text=text, token_ids=None, finish_reason="stop", prompt_tokens=10,
-        output_tokens=3, logprobs=None, http_status=200, error=error, task="q",
-    )  # fmt: skip
-
-
 def planted(questions: int, right: set[int], lost: set[int], gained: set[int]):
     """The reference right on `right`; the candidate loses `lost` of them and gains `gained`."""
     targets = {f"q-{i}": f"Worked.\n#### {i + 100}" for i in range(questions)}
     records = []
     for i in range(questions):
         cand_right = (i in right and i not in lost) or i in gained
-        records.append(record(Side.REFERENCE, i, f" ...\n#### {i + 100 if i in right else 0}"))
-        records.append(record(Side.CANDIDATE, i, f" ...\n#### {i + 100 if cand_right else 0}"))
+        records.append(
+            answer_record(Side.REFERENCE, i, f" ...\n#### {i + 100 if i in right else 0}")
+        )
+        records.append(
+            answer_record(Side.CANDIDATE, i, f" ...\n#### {i + 100 if cand_right else 0}")
+        )
     return targets, records
 
 
@@ -137,7 +133,7 @@ def test_a_significant_gain_never_fails():
 
 def test_questions_without_an_answer_on_both_sides_are_not_scored():
     targets, records = planted(10, set(range(10)), set(), set())
-    records[1] = record(Side.CANDIDATE, 0, "", error="timeout: no answer")
+    records[1] = answer_record(Side.CANDIDATE, 0, "", error="timeout: no answer")
     result = accuracy_result(targets, records[:-2], "q")  # question 9: reference only
     assert (result.questions, result.unanswered) == (8, 2)
     empty = accuracy_result(targets, [], "q")
