@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The seeds' high-concurrency matrix on one GPU (issue 44, docs/perf-control.md), in one device
+# job (JOB=benchmarks/gpu_jobs/matrix.sh bash benchmarks/gpu_speed_session.sh start N):
+# qwen35-control built there, then scenarios/gpu-matrix.yaml (FLA against ns4, compiled, CUDA
+# graphs) at C = 16-200, every headline interval asked to be within ±2 % within a shared load
+# budget, then the A/A and the GPU-timeline control (600 us a prefill call, which predicted +3 %
+# of TTFT on gpu-speed.yaml) at C = 16, 64, 200. MATRIX_BUDGET_S, CONTROL_BUDGET_S and
+# GPU_DELAY_US change them.
+set -uo pipefail
+started=$(date +%s)
+stamp() { echo "== $1 at $(( $(date +%s) - started )) s"; }
+"$PY" -m rig.models.qwen35_control
+stamp "qwen35-control built"
+"$PY" -m rig.run scenarios/gpu-matrix.yaml --no-cache --run-id matrix-ns4 \
+    --set results_dir="$RESULTS/gpu-matrix" \
+    --set 'workload.concurrency=[16,32,64,128,136,144,160,176,192,200]' \
+    --set workload.repeats=4 --set workload.speed_resolution_pct=2 \
+    --set workload.speed_budget_s="${MATRIX_BUDGET_S:-150}"
+stamp "ns4 matrix done"
+"$PY" benchmarks/perf_control.py --scenario scenarios/gpu-matrix.yaml --comparisons aa,gpu \
+    --gpu-delay-us "${GPU_DELAY_US:-600}" --results-dir "$RESULTS" --run-id matrix-control \
+    --set 'workload.concurrency=[16,64,200]' --set workload.repeats=4 \
+    --set workload.speed_resolution_pct=2 \
+    --set workload.speed_budget_s="${CONTROL_BUDGET_S:-90}"
+stamp "A/A and GPU-timeline control done"
