@@ -20,7 +20,7 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv vllm-venv browser e2e test test-gpu gsm8k tiny-model tiny-lm qwen35-control kernel-check kernel-bench \
+.PHONY: venv vllm-venv browser e2e test test-soak test-gpu gsm8k tiny-model tiny-lm qwen35-control kernel-check kernel-bench \
 	bench-client perf-control lint format clean
 
 venv: $(VENV)/.installed
@@ -54,7 +54,12 @@ e2e: venv
 	$(PY) -m rig.run $(SCENARIO) $(RUN_FLAGS)
 
 test: venv browser
-	$(PY) -m pytest -m "not gpu" $(ARGS)
+	$(PY) -m pytest -m "not gpu and not soak" $(ARGS)
+
+# The long multi-server and fault checks (Ray clusters, a second vLLM install, the perf control,
+# a foreign server, SIGTERM and resume): CI runs them after `make test`.
+test-soak: venv
+	$(PY) -m pytest -m "soak and not gpu" $(ARGS)
 
 # Headless Chromium for the report's browser test: Debian's package, installed when missing.
 browser:

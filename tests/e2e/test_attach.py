@@ -17,6 +17,8 @@ from rig.serve.plan import free_port
 
 from .conftest import RigRun, rig_processes
 
+pytestmark = pytest.mark.soak  # a foreign server beside the rig's pair
+
 
 @pytest.fixture(scope="module")
 def foreign_reference(tiny_model, tmp_path_factory):

@@ -42,6 +42,7 @@ def other_venv_ns4(run_rig, second_vllm) -> RigRun:
     return run_rig(*SHORT, "--set", f"candidate.python={second_vllm}", name="venv-ns4")
 
 
+@pytest.mark.soak  # a second vLLM install (make vllm-venv)
 def test_a_candidate_from_another_vllm_install_runs_the_plugin_there(other_venv_ns4, second_vllm):
     run = other_venv_ns4
     assert run.returncode == 0, served(run)
@@ -58,6 +59,7 @@ def test_a_candidate_from_another_vllm_install_runs_the_plugin_there(other_venv_
     assert run.manifest()["served_vllm"]["candidate"].startswith("0.32.0")
 
 
+@pytest.mark.soak  # a second vLLM install (make vllm-venv)
 def test_two_installs_without_a_kernel_proof_are_a_valid_comparison(run_rig, second_vllm):
     run = run_rig(
         *SHORT,
@@ -163,6 +165,7 @@ def test_bad_candidates_stop_in_preflight_with_one_line(
     assert not any(tmp_path.rglob("server-*.log"))  # no server was started
 
 
+@pytest.mark.soak  # a second vLLM install (make vllm-venv)
 def test_the_plan_shows_each_sides_install(second_vllm, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "rig.run", "scenarios/smoke.yaml", "--plan"]

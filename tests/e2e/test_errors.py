@@ -70,6 +70,7 @@ def _line_count(path) -> int:
     return len(path.read_text(encoding="utf-8").splitlines()) if path.exists() else 0
 
 
+@pytest.mark.soak  # a run stopped mid-level, then resumed
 def test_sigterm_stops_servers_keeps_results_and_resume_finishes(tmp_path, tiny_model):
     """SIGTERM during the second level: servers stop, the first level's records stay on disk;
     --resume keeps that level as it was and runs the rest."""

@@ -19,6 +19,8 @@ from rig.run.state import SERVER_COUNTERS_FILE, read_jsonl
 
 from .conftest import REPO, RUN_TIMEOUT_S, rig_processes
 
+pytestmark = pytest.mark.soak  # two statistical runs of six blocks each
+
 REPEATS, PROMPTS = 6, 24
 
 

@@ -27,6 +27,8 @@ from tests.rig_process import (
     read_records,
 )
 
+pytestmark = pytest.mark.soak  # a local Ray cluster of two nodes and its faults: the slowest module
+
 NODE = {"num_cpus": 2, "object_store_memory": 100 * 2**20}
 SMALL = (  # the smoke scenario cut to what shows both pairs at work: C=2 puts a slot on each
     "--set",
