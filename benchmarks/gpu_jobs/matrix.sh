@@ -5,7 +5,7 @@
 # graphs) at C = 16-200, every headline interval asked to be within ±2 % within a shared load
 # budget, then the A/A and the GPU-timeline control (600 us a prefill call, which predicted +3 %
 # of TTFT on gpu-speed.yaml) at C = 16, 64, 200. MATRIX_BUDGET_S, CONTROL_BUDGET_S and
-# GPU_DELAY_US change them.
+# GPU_DELAY_US change them; MATRIX_ONLY=1 stops after the matrix.
 set -uo pipefail
 started=$(date +%s)
 stamp() { echo "== $1 at $(( $(date +%s) - started )) s"; }
@@ -17,6 +17,7 @@ stamp "qwen35-control built"
     --set workload.repeats=4 --set workload.speed_resolution_pct=2 \
     --set workload.speed_budget_s="${MATRIX_BUDGET_S:-150}"
 stamp "ns4 matrix done"
+[ -n "${MATRIX_ONLY:-}" ] && exit 0
 "$PY" benchmarks/perf_control.py --scenario scenarios/gpu-matrix.yaml --comparisons aa,gpu \
     --gpu-delay-us "${GPU_DELAY_US:-600}" --results-dir "$RESULTS" --run-id matrix-control \
     --set 'workload.concurrency=[16,64,200]' --set workload.repeats=4 \
