@@ -291,9 +291,23 @@ def _prepare(args: argparse.Namespace) -> Runner | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The run as its three stages: set up (nothing started on a bad input), the phases (the
+    servers up and down), the report (always written for what ran)."""
     args = parse_args(argv)
     interrupts_raise()
     wall_start = time.monotonic()
+    runner = _set_up(args)
+    if not isinstance(runner, Runner):
+        return runner
+    try:
+        error = _run_phases(runner)
+    except OSError:  # the results folder stopped taking writes: no report can follow
+        return ExitCode.ERROR
+    return _report(runner, error, time.monotonic() - wall_start)
+
+
+def _set_up(args: argparse.Namespace) -> Runner | ExitCode:
+    """The runner, or the exit code of a run that stops before any server starts."""
     try:
         runner = _prepare(args)
         if runner is None:
@@ -308,40 +322,52 @@ def main(argv: list[str] | None = None) -> int:
         print("rig: error: interrupted before any server started; nothing ran", file=sys.stderr)
         return ExitCode.ERROR
     scenario, run_id, run_dir = runner.ctx.scenario, runner.ctx.run_id, runner.ctx.run_dir
-    golden = runner.golden.entry
     mode = runner.ctx.plan.placement.describe()
-    if golden is not None:
-        mode = f"reference from the golden cache (run {golden.source_run})"
+    if runner.golden.entry is not None:
+        mode = f"reference from the golden cache (run {runner.golden.entry.source_run})"
     print(
         f"rig: run {run_id}: {len(runner.ctx.prompts)} prompts, levels "
         f"{scenario.workload.concurrency}, sides {mode}; results in {run_dir}",
         flush=True,
     )
-    error = None
+    return runner
+
+
+def _run_phases(runner: Runner) -> str | None:
+    """The phases; what stopped them (None when nothing did), as the report's error. An
+    OSError (the results folder stopped taking writes) is said here and raised."""
+    run_dir = runner.ctx.run_dir
     try:
         runner.run_phases()
     except ServerError as exc:
-        error = str(exc)
+        return str(exc)
     except KeyboardInterrupt:
-        error = INTERRUPTED
-    except OSError as exc:  # the results folder stopped taking writes: no report can follow
+        return INTERRUPTED
+    except OSError as exc:
         print(
             f"rig: error: writing the results failed ({exc}); servers stopped, the records "
             f"written so far are whole lines in {run_dir / 'requests.jsonl'}",
             file=sys.stderr,
         )
-        return ExitCode.ERROR
+        raise
     except Exception as exc:  # the rig's own bug: its run could not be made, no server's fault
         (run_dir / RIG_ERROR_FILE).write_text(traceback.format_exc())
-        error = (
+        return (
             f"the rig failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             f"); servers stopped, traceback in {run_dir / RIG_ERROR_FILE}"
         )
     finally:
         runner.journal.sink.close()
+    return None
+
+
+def _report(runner: Runner, error: str | None, wall_s: float) -> int:
+    """Write the report (again as not completed if an interrupt came while writing it) and
+    print the summary; the exit code."""
+    run_dir, golden = runner.ctx.run_dir, runner.golden.entry
     with InterruptsDeferred(REPORT_NOTICE, lambda: _stop_reporting(run_dir)) as deferred:
         hold_at("report", released=lambda: deferred.received is not None)
-        runner.state.timings["wall_s"] = time.monotonic() - wall_start
+        runner.state.timings["wall_s"] = wall_s
         if error is None:
             runner.store_golden()
         try:
