@@ -95,7 +95,7 @@ def counters(
         return read_counters(server_targets(servers))
     except MetricsUnreadable as exc:
         stop_if_died(journal, servers, level, repeat, records or [], wait_s=DEATH_WAIT_S)
-        raise ServerError(f"a server stopped answering during level C={level}: {exc}") from None
+        raise ServerError(f"/metrics could not be read during level C={level}: {exc}") from None
 
 
 def stop_if_died(

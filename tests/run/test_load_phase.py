@@ -235,3 +235,17 @@ def test_a_server_whose_metrics_stop_answering_because_it_died_is_named(level_ru
     with pytest.raises(ServerError, match="candidate server died during level C=3"):
         run_block(ctx, journal, servers, 3, 0)
     assert "server_died" in (ctx.run_dir / FAULTS_FILE).read_text()
+
+
+def test_a_live_server_whose_metrics_cannot_be_parsed_is_said_so(level_run, monkeypatch):
+    """Every server runs but one's /metrics lacks the prefix-cache counters: the run stops
+    saying /metrics could not be read, not that a server stopped answering."""
+    ctx, journal, servers, _ = level_run(metrics=FakeMetrics())
+
+    def unparseable(targets):
+        raise MetricsUnreadable("/metrics has no vllm:prefix_cache_queries")
+
+    monkeypatch.setattr(rig.run.load_phase, "read_counters", unparseable)
+    monkeypatch.setattr(rig.run.load_phase, "DEATH_WAIT_S", 0.2)
+    with pytest.raises(ServerError, match=r"/metrics could not be read during level C=3: /metrics"):
+        run_block(ctx, journal, servers, 3, 0)
