@@ -291,8 +291,7 @@ def _prepare(args: argparse.Namespace) -> Runner | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The run as its three stages: set up (nothing started on a bad input), the phases (the
-    servers up and down), the report (always written for what ran)."""
+    """The run's stages: set up (nothing starts on bad input), the phases, the report."""
     args = parse_args(argv)
     interrupts_raise()
     wall_start = time.monotonic()
@@ -301,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         return runner
     try:
         error = _run_phases(runner)
-    except OSError:  # the results folder stopped taking writes: no report can follow
+    except _ResultsUnwritable:  # no report can follow
         return ExitCode.ERROR
     return _report(runner, error, time.monotonic() - wall_start)
 
@@ -333,9 +332,12 @@ def _set_up(args: argparse.Namespace) -> Runner | ExitCode:
     return runner
 
 
+class _ResultsUnwritable(Exception):
+    """The results folder stopped taking writes during the phases (said where it happened)."""
+
+
 def _run_phases(runner: Runner) -> str | None:
-    """The phases; what stopped them (None when nothing did), as the report's error. An
-    OSError (the results folder stopped taking writes) is said here and raised."""
+    """The phases; what stopped them (None when nothing did), as the report's error."""
     run_dir = runner.ctx.run_dir
     try:
         runner.run_phases()
@@ -349,7 +351,7 @@ def _run_phases(runner: Runner) -> str | None:
             f"written so far are whole lines in {run_dir / 'requests.jsonl'}",
             file=sys.stderr,
         )
-        raise
+        raise _ResultsUnwritable from exc
     except Exception as exc:  # the rig's own bug: its run could not be made, no server's fault
         (run_dir / RIG_ERROR_FILE).write_text(traceback.format_exc())
         return (
@@ -362,8 +364,7 @@ def _run_phases(runner: Runner) -> str | None:
 
 
 def _report(runner: Runner, error: str | None, wall_s: float) -> int:
-    """Write the report (again as not completed if an interrupt came while writing it) and
-    print the summary; the exit code."""
+    """Write the report (again, as not completed, after an interrupt), print it; the exit code."""
     run_dir, golden = runner.ctx.run_dir, runner.golden.entry
     with InterruptsDeferred(REPORT_NOTICE, lambda: _stop_reporting(run_dir)) as deferred:
         hold_at("report", released=lambda: deferred.received is not None)

@@ -1,6 +1,8 @@
 """The run's command line and its setting up, without servers (tests/e2e/ drives whole runs;
 each stage has its own tests/run/test_<stage>.py)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 import rig.serve.installs as installs_module
@@ -134,3 +136,41 @@ def test_profile_flag_adds_the_profilers_flag_to_both_sides_plan(own_vllm, capsy
     assert capsys.readouterr().out.count("--profiler-config") == 2
     assert main([*PLAN_397B, "--assume-gpu-gib", "140"]) == ExitCode.PASS
     assert "--profiler-config" not in capsys.readouterr().out
+
+
+class _PhasesRaising:
+    """A runner whose phases raise `error`: what _run_phases makes of each way they stop."""
+
+    def __init__(self, error: BaseException, run_dir) -> None:
+        self.error, self.closed = error, False
+        self.ctx = SimpleNamespace(run_dir=run_dir)
+        self.journal = SimpleNamespace(sink=SimpleNamespace(close=self._close))
+
+    def _close(self) -> None:
+        self.closed = True
+
+    def run_phases(self) -> None:
+        raise self.error
+
+
+def test_the_phases_stopping_becomes_the_reports_error_and_the_sink_is_closed(tmp_path):
+    from rig.run.pipeline import INTERRUPTED, RIG_ERROR_FILE, _run_phases
+    from rig.serve.servers import ServerError
+
+    runner = _PhasesRaising(ServerError("candidate server died"), tmp_path)
+    assert _run_phases(runner) == "candidate server died" and runner.closed
+    assert _run_phases(_PhasesRaising(KeyboardInterrupt(), tmp_path)) == INTERRUPTED
+    bug = _run_phases(_PhasesRaising(ZeroDivisionError("x"), tmp_path))
+    assert bug.startswith("the rig failed (ZeroDivisionError: x)")
+    assert "ZeroDivisionError" in (tmp_path / RIG_ERROR_FILE).read_text()
+
+
+def test_unwritable_results_say_where_the_records_are_and_exit_without_a_report(tmp_path, capsys):
+    from rig.run.pipeline import _ResultsUnwritable, _run_phases
+
+    runner = _PhasesRaising(OSError(28, "No space left on device"), tmp_path)
+    with pytest.raises(_ResultsUnwritable):
+        _run_phases(runner)
+    assert runner.closed
+    err = capsys.readouterr().err
+    assert "writing the results failed" in err and str(tmp_path / REQUESTS_FILE) in err
