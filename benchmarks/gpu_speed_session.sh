@@ -45,11 +45,14 @@ report() {
     if running; then echo "== still running"; else echo "== finished"; fi
 }
 
-job() {
-    cd "$WORK" || exit 2
+sample_busy() {
     mkdir -p "$RESULTS"
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader \
         -lms 500 > "$RESULTS/gpu-busy.csv" 2>&1 &
+}
+
+job() {
+    cd "$WORK" || exit 2
     started=$(date +%s)
     "$PY" -m rig.models.qwen35_control
     echo "== qwen35-control built in $(( $(date +%s) - started )) s"
@@ -80,6 +83,7 @@ start)
     report
     ;;
 job)
+    sample_busy
     if [ -n "${JOB:-}" ]; then
         cd "$WORK" && mkdir -p "$RESULTS" && PY=$PY RESULTS=$RESULTS bash "$JOB"
     else

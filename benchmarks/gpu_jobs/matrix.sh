@@ -5,7 +5,8 @@
 # graphs) at C = 16-200, every headline interval asked to be within ±2 % within a shared load
 # budget, then the A/A and the GPU-timeline control (600 us a prefill call, which predicted +3 %
 # of TTFT on gpu-speed.yaml) at C = 16, 64, 200. MATRIX_BUDGET_S, CONTROL_BUDGET_S and
-# GPU_DELAY_US change them; MATRIX_ONLY=1 stops after the matrix.
+# GPU_DELAY_US change them; MATRIX_LEVELS (e.g. [16,64,200]) and MATRIX_REPEATS cut the matrix
+# down to fit the device time left; MATRIX_ONLY=1 stops after the matrix.
 set -uo pipefail
 started=$(date +%s)
 stamp() { echo "== $1 at $(( $(date +%s) - started )) s"; }
@@ -13,8 +14,8 @@ stamp() { echo "== $1 at $(( $(date +%s) - started )) s"; }
 stamp "qwen35-control built"
 "$PY" -m rig.run scenarios/gpu-matrix.yaml --no-cache --run-id matrix-ns4 \
     --set results_dir="$RESULTS/gpu-matrix" \
-    --set 'workload.concurrency=[16,32,64,128,136,144,160,176,192,200]' \
-    --set workload.repeats=4 --set workload.speed_resolution_pct=2 \
+    --set "workload.concurrency=${MATRIX_LEVELS:-[16,32,64,128,136,144,160,176,192,200]}" \
+    --set workload.repeats="${MATRIX_REPEATS:-4}" --set workload.speed_resolution_pct=2 \
     --set workload.speed_budget_s="${MATRIX_BUDGET_S:-150}"
 stamp "ns4 matrix done"
 [ -n "${MATRIX_ONLY:-}" ] && exit 0

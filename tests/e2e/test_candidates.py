@@ -3,8 +3,8 @@ installation (a second venv, `make vllm-venv`), their own kernel function (`modu
 an in-tree backend, and a run that asks for no kernel proof; and the bad inputs of each, which
 stop the run in preflight with one line, exit 2 and no server.
 
-The reference comes from the session's golden cache after its first run, so each case starts
-one server (as a user's second iteration does)."""
+The smoke scenario's reference comes from the session's golden cache (filled by `ns4_run`), so
+the kernel-function cases start one server (as a user's second iteration does)."""
 
 from __future__ import annotations
 
@@ -78,8 +78,10 @@ def test_two_installs_without_a_kernel_proof_are_a_valid_comparison(run_rig, sec
     assert "No kernel proof was asked for" in run.read("summary.md")
 
 
-def test_a_users_function_wrapping_ns4_passes_and_the_proof_names_it(run_rig):
-    run = run_rig(*SHORT, "--set", f"candidate.kernel={MY_KERNEL}", name="my-kernel-ns4")
+def test_a_users_function_wrapping_ns4_passes_and_the_proof_names_it(ns4_run, run_rig):
+    """After `ns4_run`, which fills the session's golden cache with the smoke scenario's
+    reference, whichever tests ran before."""
+    run = run_rig("--set", f"candidate.kernel={MY_KERNEL}", name="my-kernel-ns4")
     assert run.returncode == 0, served(run)
     assert run.manifest()["verdict"]["word"] == "identical"
     kernel = run.manifest()["kernels"]["candidate"]
@@ -93,8 +95,7 @@ def test_a_users_function_wrapping_ns4_passes_and_the_proof_names_it(run_rig):
 
 
 def test_a_users_function_wrapping_ns3_is_caught(ns4_run, run_rig):
-    """After `ns4_run`, which fills the session's golden cache with the smoke scenario's
-    reference (later tests read its server logs)."""
+    """After `ns4_run`, as the ns4 case (later tests read ns4_run's server logs)."""
     run = run_rig("--set", f"candidate.kernel={MY_KERNEL}_ns3", name="my-kernel-ns3")
     assert run.returncode == 1, served(run)
     verdict = run.manifest()["verdict"]
