@@ -26,7 +26,8 @@ from rig.records import ForcedLogprobs, ForcedSequence, RequestRecord, read_reco
 from rig.scenario.config import Scenario
 from rig.scenario.prompts import Prompt
 from rig.secrets import digest, redact_argv, redact_env
-from rig.serve.plan import CACHE_ROOT_ENV, GATE_ENV, ServerPlan
+from rig.serve.plan import GATE_ENV, ServerPlan
+from rig.serve.side_caches import CACHE_ROOT_ENV, INDUCTOR_CACHE_ENV
 from rig.verdict.evidence import SideKernel
 
 DEFAULT_ROOT = Path(".cache/golden")
@@ -37,6 +38,7 @@ RUN_SPECIFIC_ENV = {
     "CUDA_VISIBLE_DEVICES",
     GATE_ENV,  # vLLM's /pause and /resume, for arrival: waves; the texts do not depend on it
     CACHE_ROOT_ENV,  # where the side's compile cache is: a path of this machine's
+    INDUCTOR_CACHE_ENV,
 }
 RUN_SPECIFIC_ARGS = {"--port", "--host", "--profiler-config"}  # its value: this run's folder
 MODEL_PLACEHOLDER = "<model>"  # a local folder's path in the key: the digest says what it holds

@@ -9,10 +9,7 @@ default both workers bind core 0). Otherwise one after the other.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
-import os
 import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,10 +36,9 @@ from rig.serve.placement import (
     place_on_nodes,
 )
 from rig.serve.profiler_flags import profile_dir, profiler_args
+from rig.serve.side_caches import cache_env
 
 GATE_ENV = "VLLM_SERVER_DEV_MODE"  # serves /pause and /resume, which arrival: waves uses
-CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"  # vLLM's torch.compile cache (and its other caches) live here
-VLLM_CACHE = "~/.cache/vllm"  # vLLM's default for it
 
 
 def tensor_parallel(scenario: Scenario) -> int:
@@ -59,23 +55,6 @@ def eager(scenario: Scenario, hardware: Hardware) -> bool:
     if scenario.model.enforce_eager is not None:
         return scenario.model.enforce_eager
     return hardware.gpu_count == 0
-
-
-def compile_cache_root(scenario: Scenario, side: str, base: Path) -> Path:
-    """The side's own vLLM cache folder under `base`: named by everything the side serves
-    differently (kernel, backend, flags, environment, install), so that a graph vLLM compiled
-    around one side's kernel is never loaded by the other side; sides that serve alike (an A/A
-    run) share one, and a side's next run finds its own warm."""
-    config = scenario.side(side)
-    served = {
-        "kernel": config.kernel,
-        "backend": scenario.backend_of(side),
-        "serve_args": config.serve_args,
-        "env": sorted(config.env.items()),
-        "install": [str(config.python), str(config.vllm_executable), config.command],
-    }
-    digest = hashlib.sha256(json.dumps(served, sort_keys=True, default=str).encode())
-    return base / "rig" / digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -296,6 +275,39 @@ def flashinfer_importable() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
+def side_env(
+    scenario: Scenario,
+    slot: Slot,
+    hardware: Hardware,
+    installs: dict[str, SideInstall],
+    launched: int,
+    eager_mode: bool,
+) -> dict[str, str]:
+    """The server's environment: the shared one, then the side's and its install's, then what
+    its slot and the scenario add (its kernel, its devices or cores, its caches)."""
+    config = scenario.side(slot.side)
+    env = shared_env(scenario, hardware, installs)
+    env.update(config.env)
+    env.update(installs[slot.side].env)
+    if config.kernel is not None:
+        env[KERNEL_ENV] = config.kernel
+    if scenario.workload.arrival == "waves":
+        env[GATE_ENV] = "1"
+    if config.api_key is not None:
+        env[API_KEY_ENV] = config.api_key.get_secret_value()  # argv is readable in ps
+    if slot.gpus:
+        env.setdefault("CUDA_VISIBLE_DEVICES", hardware.visible_devices(slot.gpus))
+    elif slot.cpus:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, slot.cpus)))
+    if config.url is None and hardware.gpu_count == 0:
+        # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(launched)))
+    if config.url is None and (not eager_mode or slot.node is None):
+        # eager, only on this machine: a Ray node's home need not be this machine's
+        env.update(cache_env(scenario, slot.side, env, eager_mode))
+    return env
+
+
 def plan_servers(
     scenario: Scenario,
     model_path: str,
@@ -325,26 +337,8 @@ def plan_servers(
         config = scenario.side(slot.side)
         stats_dir = run_dir / "kernel-stats" / slot.label
         install = installs[slot.side]
-        env = shared_env(scenario, hardware, installs)
-        env.update(config.env)
-        env.update(install.env)
+        env = side_env(scenario, slot, hardware, installs, len(launched), eager_mode)
         env[STATS_ENV] = str(stats_dir.resolve())
-        if config.kernel is not None:
-            env[KERNEL_ENV] = config.kernel
-        if scenario.workload.arrival == "waves":
-            env[GATE_ENV] = "1"
-        if config.api_key is not None:
-            env[API_KEY_ENV] = config.api_key.get_secret_value()  # argv is readable in ps
-        if slot.gpus:
-            env.setdefault("CUDA_VISIBLE_DEVICES", hardware.visible_devices(slot.gpus))
-        elif slot.cpus:
-            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, slot.cpus)))
-        if hardware.gpu_count == 0 and config.url is None:
-            # vLLM's CPU build reserves most of the machine's memory for each server otherwise.
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(hardware.kv_cache_gib(len(launched))))
-        if not eager_mode and config.url is None:
-            base = Path(env.get(CACHE_ROOT_ENV) or os.environ.get(CACHE_ROOT_ENV) or VLLM_CACHE)
-            env[CACHE_ROOT_ENV] = str(compile_cache_root(scenario, slot.side, base.expanduser()))
         host = slot.node.address if slot.node else "127.0.0.1"
         # free here; on a Ray node taken there, its server's start says so in one line
         port = (config.port + slot.replica) if config.port else free_port()
