@@ -155,6 +155,27 @@ def scripted_tokens(text: str, max_tokens: int) -> tuple[list[int], list[str], s
     return ids, kept, "length" if len(pieces) > max_tokens else "stop"
 
 
+def answer_tokens(
+    body: dict,
+    chat: bool,
+    prompt_key: str,
+    fault: str | None,
+    output_tokens: int,
+    answers: dict[str, str],
+) -> tuple[list[int], list[str] | None, str]:
+    """What a completion says: its token ids, their texts where `answers` scripts it by the
+    prompt's ending (else None, each token's own) and the finish reason; at most
+    `output_tokens` planned tokens, fewer where the request's max_tokens says so."""
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+    n_tokens = min(max_tokens, output_tokens)
+    token_ids, finish_reason = plan_tokens(prompt_key, n_tokens, max_tokens, fault)
+    prompt, texts = body.get("prompt"), None
+    scripted = [t for s, t in answers.items() if str(prompt).endswith(s)]
+    if scripted and not chat and fault is None:
+        token_ids, texts, finish_reason = scripted_tokens(scripted[0], max_tokens)
+    return token_ids, texts, finish_reason
+
+
 def count_prompt_tokens(body: dict, chat: bool) -> int:
     if chat:
         return sum(len(str(m.get("content", "")).split()) for m in body.get("messages") or [])

@@ -45,10 +45,9 @@ from rig.load.http_client import enable_receive_stamps
 from rig.stub.answers import (
     FAULT_KINDS,
     EventWriter,
+    answer_tokens,
     count_prompt_tokens,
     full_response,
-    plan_tokens,
-    scripted_tokens,
     tokenize,
 )
 from rig.stub.wire import ClientGone, HttpRequest, Wire, send_error, send_json
@@ -233,18 +232,17 @@ class StubServer:
             return True
         if fault == "hang":
             await asyncio.sleep(3600)
+        return await self._complete(wire, entry, body, request.path.endswith("/chat/completions"))
 
-        chat = request.path.endswith("/chat/completions")
+    async def _complete(self, wire: Wire, entry: StubRequestLog, body: dict, chat: bool) -> bool:
+        """Say what a request that got past its faults gets: whole, or streamed on schedule."""
+        fault = entry.fault
         prompt_key = json.dumps(body.get("messages") if chat else body.get("prompt"))
         prompt_tokens = count_prompt_tokens(body, chat)
         self._count_prefix_cache(entry.index, entry.cache_salt, prompt_key, prompt_tokens)
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
-        n_tokens = min(max_tokens, self.config.output_tokens)
-        token_ids, finish_reason = plan_tokens(prompt_key, n_tokens, max_tokens, fault)
-        prompt, texts = body.get("prompt"), None
-        scripted = [t for s, t in self.config.answers.items() if str(prompt).endswith(s)]
-        if scripted and not chat and fault is None:
-            token_ids, texts, finish_reason = scripted_tokens(scripted[0], max_tokens)
+        token_ids, texts, finish_reason = answer_tokens(
+            body, chat, prompt_key, fault, self.config.output_tokens, self.config.answers
+        )
         if body.get("prompt_logprobs") is not None:
             await asyncio.sleep(self.config.replay_delay_s)
         if not body.get("stream"):
