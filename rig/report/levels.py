@@ -143,6 +143,58 @@ def _curve_points(
     return points
 
 
+def _comparison_parts(outcome, perf: PerfResult) -> list[str]:
+    """The candidate against the reference, and the servers' own timings where they published
+    them: what the words of the run rest on."""
+    parts = [
+        "<h3>Candidate against reference</h3>",
+        "<p>Change = candidate − reference, in percent of the reference (a positive "
+        "latency change is slower, a positive throughput change faster), with its interval "
+        "[low, high] over the units the schedule allows (block pairs, or request pairs "
+        "where they ran back to back; none from one block). "
+        + esc(_interval_note(outcome, perf))
+        + " The A/A row (the reference server replaying a level's requests) is what "
+        "identical kernels measure.</p>",
+        delta_table(perf.levels),
+    ]
+    servers = server_table(perf)
+    if servers:
+        parts += [
+            "<h3>The servers' own timings</h3>",
+            "<p>From each server's /metrics around its blocks: the rig plugin's GDN prefill "
+            "time per call, vLLM's prefill, decode and queue time per request; reference → "
+            "candidate, and the change with its interval (not judged).</p>",
+            servers,
+        ]
+    return parts
+
+
+def _level_figures(outcome) -> list[str]:
+    """A figure per level, each side's latency CDFs and throughput of each repeat: the
+    distributions behind the means of the table."""
+    by_level: dict[int, dict[str, list[RequestRecord]]] = {}
+    for record in outcome.records:
+        if not record.warmup:
+            by_level.setdefault(record.level, {}).setdefault(record.side, []).append(record)
+    figures = []
+    for level in sorted(by_level):
+        sides = dict(sorted(by_level[level].items(), key=lambda item: item[0] != Side.REFERENCE))
+        found = {ls.side: ls for ls in outcome.level_sides if ls.level == level}
+        throughput = {
+            side: found[side].values(_throughput) if side in found else [] for side in sides
+        }
+        repeats = len({b.repeat for ls in found.values() for b in ls.blocks}) or 1
+        png = level_figure(sides, throughput)
+        figures.append(
+            f'<figure><img alt="latency distributions and throughput at concurrency {level}" '
+            f'src="data:image/png;base64,{png}"><figcaption>Client concurrency {level}'
+            f"{f', {repeats} repeats' if repeats > 1 else ''}: latency CDFs of every request "
+            "(ITL: every inter-token gap) and total throughput of each repeat.</figcaption>"
+            "</figure>"
+        )
+    return figures
+
+
 def levels_section(outcome) -> str:
     perf: PerfResult = outcome.perf
     parts = ['<section id="levels"><h2>Per level</h2>']
@@ -150,26 +202,7 @@ def levels_section(outcome) -> str:
         parts.append("<p>No request finished.</p></section>")
         return "\n".join(parts)
     if perf.levels:
-        parts += [
-            "<h3>Candidate against reference</h3>",
-            "<p>Change = candidate − reference, in percent of the reference (a positive "
-            "latency change is slower, a positive throughput change faster), with its interval "
-            "[low, high] over the units the schedule allows (block pairs, or request pairs "
-            "where they ran back to back; none from one block). "
-            + esc(_interval_note(outcome, perf))
-            + " The A/A row (the reference server replaying a level's requests) is what "
-            "identical kernels measure.</p>",
-            delta_table(perf.levels),
-        ]
-        servers = server_table(perf)
-        if servers:
-            parts += [
-                "<h3>The servers' own timings</h3>",
-                "<p>From each server's /metrics around its blocks: the rig plugin's GDN prefill "
-                "time per call, vLLM's prefill, decode and queue time per request; reference → "
-                "candidate, and the change with its interval (not judged).</p>",
-                servers,
-            ]
+        parts += _comparison_parts(outcome, perf)
     rows = [_level_row(found) for found in outcome.level_sides]
     headers = ["level", "side", "ok", "identical"] + [
         f"{name} ({unit})" for name, unit, _ in LEVEL_COLUMNS
@@ -183,24 +216,6 @@ def levels_section(outcome) -> str:
             "throughput at each client concurrency (the mean over repeats), both sides: a "
             "faster side sits lower or further right.</figcaption></figure>"
         )
-    by_level: dict[int, dict[str, list[RequestRecord]]] = {}
-    for record in outcome.records:
-        if not record.warmup:
-            by_level.setdefault(record.level, {}).setdefault(record.side, []).append(record)
-    for level in sorted(by_level):
-        sides = dict(sorted(by_level[level].items(), key=lambda item: item[0] != Side.REFERENCE))
-        found = {ls.side: ls for ls in outcome.level_sides if ls.level == level}
-        throughput = {
-            side: found[side].values(_throughput) if side in found else [] for side in sides
-        }
-        repeats = len({b.repeat for ls in found.values() for b in ls.blocks}) or 1
-        png = level_figure(sides, throughput)
-        parts.append(
-            f'<figure><img alt="latency distributions and throughput at concurrency {level}" '
-            f'src="data:image/png;base64,{png}"><figcaption>Client concurrency {level}'
-            f"{f', {repeats} repeats' if repeats > 1 else ''}: latency CDFs of every request "
-            "(ITL: every inter-token gap) and total throughput of each repeat.</figcaption>"
-            "</figure>"
-        )
+    parts += _level_figures(outcome)
     parts.append("</section>")
     return "\n".join(parts)
