@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rig.records import server_label
+from rig.serve.hardware import Hardware
 
 SHARED_GPU_MEMORY_BUDGET = 0.88  # split between the servers sharing a GPU; room for contexts
 
@@ -140,6 +141,21 @@ class Placement:
         pairs = f"{self.replicas} replica pairs, " if self.replicas > 1 else ""
         why = f" ({self.reason})" if self.reason else ""
         return f"{pairs}{self.mode}{why}; " + "; ".join(parts)
+
+
+def describe_devices(slot: Slot, hardware: Hardware) -> str:
+    """What the placement gave one server, in words, by the ids this machine knows its GPUs
+    by (a ServerPlan's `devices`)."""
+    if slot.node is not None:
+        held = f"{slot.gpu_count} GPU(s) from Ray" if slot.gpu_count else "CPU"
+        cores = f" cores {','.join(map(str, slot.cpus))}" if slot.cpus else ""
+        return f"Ray {slot.node.describe()}, pair {slot.replica}: {held}{cores}"
+    if slot.gpus:
+        text = f"GPU {hardware.visible_devices(slot.gpus)}"
+        if slot.gpu_memory_fraction is not None:
+            text += f" (shared, {slot.gpu_memory_fraction:.0%} of memory)"
+        return text
+    return f"CPU cores {','.join(map(str, slot.cpus))}" if slot.cpus else "CPU"
 
 
 @dataclass(frozen=True)

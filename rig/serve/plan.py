@@ -30,6 +30,7 @@ from rig.serve.placement import (
     LoadSchedule,
     Placement,
     Slot,
+    describe_devices,
     load_schedule,
     place_on_cpus,
     place_on_gpus,
@@ -323,55 +324,13 @@ def plan_servers(
     puts it (with `placement.backend: ray`, on which of the cluster's `nodes`, serving on the
     node's address)."""
     installs = installs if installs is not None else resolve_installs(scenario, sides)
-    model = scenario.model
-    served_model = model.served_name or (
-        f"rig-{model.name}" if is_embedded(model.name) else model.name
-    )
     attached = [side for side in sides if scenario.side(side).url is not None]
     launched = tuple(side for side in sides if side not in attached)
     placement = place(scenario, hardware, launched, copies, nodes)
     slots = [*placement.slots, *(Slot(side, 0) for side in attached)]
-    eager_mode = eager(scenario, hardware)
     servers: dict[str, ServerPlan] = {}
     for slot in slots:
-        config = scenario.side(slot.side)
-        stats_dir = run_dir / "kernel-stats" / slot.label
-        install = installs[slot.side]
-        env = side_env(scenario, slot, hardware, installs, len(launched), eager_mode)
-        env[STATS_ENV] = str(stats_dir.resolve())
-        host = slot.node.address if slot.node else "127.0.0.1"
-        # free here; on a Ray node taken there, its server's start says so in one line
-        port = (config.port + slot.replica) if config.port else free_port()
-        prefix, cleanup = container_argv(install, list(env), f"rig-{slot.label}-{port}")
-        served = serve_argv(
-            scenario, slot.side, install, model_path, served_model, port, host, eager_mode
-        )
-        argv = [*prefix, *served]
-        memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
-        if memory is not None:
-            argv += ["--gpu-memory-utilization", f"{memory:g}"]
-        if scenario.profile is not None and config.url is None:  # its own folder, as its port
-            argv += profiler_args(profile_dir(run_dir, slot.label))
-        argv += [*model.serve_args, *config.serve_args]
-        plan = ServerPlan(
-            side=slot.side,
-            argv=tuple(argv),
-            env=env,
-            host=host,
-            port=port,
-            log_path=run_dir / f"server-{slot.label}.log",
-            stats_dir=stats_dir,
-            served_model=served_model,
-            kernel=config.kernel,
-            url=config.url,
-            api_key=config.api_key,
-            replica=slot.replica,
-            devices="attached" if config.url else _devices(slot, hardware),
-            install=install,
-            launcher=prefix,
-            cleanup=cleanup,
-            port_fixed=config.port is not None,
-        )
+        plan = _server_plan(scenario, slot, hardware, installs, len(launched), model_path, run_dir)
         servers[plan.label] = plan
     phases = placement.phases
     if attached:  # always reachable: they join the first phase
@@ -380,14 +339,57 @@ def plan_servers(
     return LaunchPlan(servers=servers, phases=phases, placement=placement)
 
 
-def _devices(slot: Slot, hardware: Hardware) -> str:
-    if slot.node is not None:
-        held = f"{slot.gpu_count} GPU(s) from Ray" if slot.gpu_count else "CPU"
-        cores = f" cores {','.join(map(str, slot.cpus))}" if slot.cpus else ""
-        return f"Ray {slot.node.describe()}, pair {slot.replica}: {held}{cores}"
-    if slot.gpus:
-        text = f"GPU {hardware.visible_devices(slot.gpus)}"
-        if slot.gpu_memory_fraction is not None:
-            text += f" (shared, {slot.gpu_memory_fraction:.0%} of memory)"
-        return text
-    return f"CPU cores {','.join(map(str, slot.cpus))}" if slot.cpus else "CPU"
+def _server_plan(
+    scenario: Scenario,
+    slot: Slot,
+    hardware: Hardware,
+    installs: dict[str, SideInstall],
+    launched: int,
+    model_path: str,
+    run_dir: Path,
+) -> ServerPlan:
+    """One slot's server: what every server shares, then what its side and its slot add
+    (`launched`: how many sides this machine starts, which split its memory)."""
+    model = scenario.model
+    served_model = model.served_name or (
+        f"rig-{model.name}" if is_embedded(model.name) else model.name
+    )
+    eager_mode = eager(scenario, hardware)
+    config = scenario.side(slot.side)
+    stats_dir = run_dir / "kernel-stats" / slot.label
+    install = installs[slot.side]
+    env = side_env(scenario, slot, hardware, installs, launched, eager_mode)
+    env[STATS_ENV] = str(stats_dir.resolve())
+    host = slot.node.address if slot.node else "127.0.0.1"
+    # free here; on a Ray node taken there, its server's start says so in one line
+    port = (config.port + slot.replica) if config.port else free_port()
+    prefix, cleanup = container_argv(install, list(env), f"rig-{slot.label}-{port}")
+    served = serve_argv(
+        scenario, slot.side, install, model_path, served_model, port, host, eager_mode
+    )
+    argv = [*prefix, *served]
+    memory = slot.gpu_memory_fraction or model.gpu_memory_utilization
+    if memory is not None:
+        argv += ["--gpu-memory-utilization", f"{memory:g}"]
+    if scenario.profile is not None and config.url is None:  # its own folder, as its port
+        argv += profiler_args(profile_dir(run_dir, slot.label))
+    argv += [*model.serve_args, *config.serve_args]
+    return ServerPlan(
+        side=slot.side,
+        argv=tuple(argv),
+        env=env,
+        host=host,
+        port=port,
+        log_path=run_dir / f"server-{slot.label}.log",
+        stats_dir=stats_dir,
+        served_model=served_model,
+        kernel=config.kernel,
+        url=config.url,
+        api_key=config.api_key,
+        replica=slot.replica,
+        devices="attached" if config.url else describe_devices(slot, hardware),
+        install=install,
+        launcher=prefix,
+        cleanup=cleanup,
+        port_fixed=config.port is not None,
+    )
