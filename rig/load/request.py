@@ -84,13 +84,8 @@ async def send_request(
                 break
         stream.start = response.sent_at  # type: ignore[assignment]  (set: it was sent)
         stream.finish()
-        if response.status != 200:
-            text = bytes(error_body).decode("utf-8", errors="replace")
-            record.error = ErrorKind.HTTP.error(text, response.status)
-        elif stream.problem is not None:
-            record.error = stream.problem
-        elif not stream.done:
-            record.error = ErrorKind.CONNECTION.error("the stream ended before data: [DONE]")
+        if (error := _response_error(response, stream, error_body)) is not None:
+            record.error = error
     except TimeoutError:
         record.error = ErrorKind.TIMEOUT.error(f"no complete response within {timeout_s} s")
     except OSError as exc:
@@ -102,9 +97,32 @@ async def send_request(
         exc.record = record  # type: ignore[attr-defined]
         raise
     finally:
-        record.http_status = response.status
-        record.client_lag_s = response.read_lag
-        if response.sent_at is not None:
-            record.sent_monotonic = stream.start = response.sent_at
-        stream.finish()
+        _finish_record(record, stream, response)
     return record
+
+
+def _response_error(
+    response: HttpResponse, stream: StreamAccumulator, error_body: bytearray
+) -> str | None:
+    """How a response that came back in time failed, or None: an HTTP error status, the first
+    protocol problem in its stream, or a stream that ended before its [DONE]."""
+    if response.status != 200:
+        text = bytes(error_body).decode("utf-8", errors="replace")
+        return ErrorKind.HTTP.error(text, response.status)
+    if stream.problem is not None:
+        return stream.problem
+    if not stream.done:
+        return ErrorKind.CONNECTION.error("the stream ended before data: [DONE]")
+    return None
+
+
+def _finish_record(
+    record: RequestRecord, stream: StreamAccumulator, response: HttpResponse
+) -> None:
+    """On every exit, whatever ended the request: what the wire saw goes into the record, and
+    its token times count from the moment the request was sent (where it was)."""
+    record.http_status = response.status
+    record.client_lag_s = response.read_lag
+    if response.sent_at is not None:
+        record.sent_monotonic = stream.start = response.sent_at
+    stream.finish()
