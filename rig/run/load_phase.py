@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 
 from rig.interrupts import hold_at
-from rig.load.pairs import run_pairs
 from rig.load.server_metrics import (
     MetricsUnreadable,
     ServerCounters,
@@ -30,7 +29,7 @@ from rig.records import (
     Side,
     SideJob,
 )
-from rig.run.pair_load import send_level
+from rig.run.pair_load import block_sender, send_level
 from rig.run.state import RunContext, RunJournal
 from rig.run.turns import run_turns
 from rig.scenario.config import SIDES
@@ -233,30 +232,7 @@ def run_block(
     before = counters(journal, servers, level, repeat)
     offsets = {label: server.log_size() for label, server in servers.items()}
     started = time.time()
-
-    def send(jobs: list[SideJob]) -> dict[str, list[RequestRecord]]:
-        if pairs:
-            ordered = sorted(jobs, key=lambda job: job.target.side != Side.REFERENCE)
-            return run_pairs(
-                (ordered[0], ordered[1]),
-                timeout_s=workload.timeout_s,
-                on_record=journal.keep_record,
-                level_timeout_s=workload.level_timeout_s,
-                flip=repeat % 2 == 1,
-            )
-        return send_level(
-            servers,
-            level,
-            jobs,
-            timeout_s=workload.timeout_s,
-            request_rate=workload.request_rate,
-            burstiness=workload.burstiness,
-            on_record=journal.keep_record,
-            level_timeout_s=workload.level_timeout_s,
-            seed=workload.seed,
-            waves=waves,
-        )
-
+    send = block_sender(servers, workload, level, repeat, journal.keep_record, pairs, waves)
     try:
         if ctx.conversations and requests is None:
             level_records = run_turns(ctx, targets, level, repeat, send, journal.state)
