@@ -92,6 +92,14 @@ def run_level(
     finally:
         if bar is not None:
             bar.close()
+    return _in_spec_order(jobs, records)
+
+
+def _in_spec_order(
+    jobs: list[SideJob], records: dict[str, dict[str, RequestRecord]]
+) -> dict[str, list[RequestRecord]]:
+    """Each side's records (`records`: by server label, then request id) in its jobs' spec
+    order, whatever order they completed in; a side's replicas one after the other."""
     by_side: dict[str, list[RequestRecord]] = {}
     for job in jobs:
         by_side.setdefault(job.target.side, []).extend(
