@@ -381,6 +381,46 @@ def _installed(name: str) -> bool:
     return True
 
 
+def _change_table(runs: dict[str, ControlRun], frames: dict[str, Levels]) -> list[str]:
+    """Every metric's change at every level, a column per run: the comparisons side by side."""
+    levels = sorted({level.level for frame in frames.values() for level in frame})
+    header = "| metric | C | " + " | ".join(run.label for run in runs.values()) + " |"
+    lines = [header, "|---|---:|" + "---|" * len(runs)]
+    for metric in (
+        *CLIENT_METRICS,
+        Metric.GDN_MS_PER_CALL,
+        Metric.SERVER_PREFILL,
+        Metric.SERVER_DECODE,
+    ):
+        for level in levels:
+            cells = []
+            for frame in frames.values():
+                found = next((lc for lc in frame if lc.level == level), None)
+                cells.append(delta_md(found.get(metric)) if found else "(no result)")
+            lines.append(f"| {metric} | {level} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _planted_lines(planted_levels: Levels) -> list[str]:
+    """What the planted delay comes to at each level, in percent of the reference's TTFT and
+    E2EL: the change the planted run should have measured."""
+    lines = []
+    for level in planted_levels:
+        planted = level.planted
+        if planted is None:
+            continue
+        ttft, e2el = (_planted_change(level, m) for m in (Metric.MEAN_TTFT, Metric.MEAN_E2EL))
+        lines += [
+            "",
+            f"Planted at C={level.level}: {planted.calls_per_request:.2f} GDN "
+            f"prefill calls per request (counted on the candidate's /metrics) x "
+            f"{planted.delay_ms:g} ms = {planted.ms_per_request:.1f} ms per "
+            f"request: {_pct(ttft.planted_pct if ttft else None)} of the reference's mean "
+            f"TTFT, {_pct(e2el.planted_pct if e2el else None)} of its mean E2EL.",
+        ]
+    return lines
+
+
 def render_summary(
     args: argparse.Namespace,
     runs: dict[str, ControlRun],
@@ -397,21 +437,7 @@ def render_summary(
         "",
     ]
     frames = {name: run.perf() for name, run in runs.items()}
-    levels = sorted({level.level for frame in frames.values() for level in frame})
-    header = "| metric | C | " + " | ".join(run.label for run in runs.values()) + " |"
-    lines += [header, "|---|---:|" + "---|" * len(runs)]
-    for metric in (
-        *CLIENT_METRICS,
-        Metric.GDN_MS_PER_CALL,
-        Metric.SERVER_PREFILL,
-        Metric.SERVER_DECODE,
-    ):
-        for level in levels:
-            cells = []
-            for frame in frames.values():
-                found = next((lc for lc in frame if lc.level == level), None)
-                cells.append(delta_md(found.get(metric)) if found else "(no result)")
-            lines.append(f"| {metric} | {level} | " + " | ".join(cells) + " |")
+    lines += _change_table(runs, frames)
     lines += ["", "Blocks per level (unit; left out for a JIT compilation):", ""]
     for name, frame in frames.items():
         blocks = "; ".join(
@@ -419,19 +445,7 @@ def render_summary(
             for level in frame
         )
         lines.append(f"- {name}: {blocks or 'none'}")
-    for level in frames.get("planted", ()):
-        planted = level.planted
-        if planted is None:
-            continue
-        ttft, e2el = (_planted_change(level, m) for m in (Metric.MEAN_TTFT, Metric.MEAN_E2EL))
-        lines += [
-            "",
-            f"Planted at C={level.level}: {planted.calls_per_request:.2f} GDN "
-            f"prefill calls per request (counted on the candidate's /metrics) x "
-            f"{planted.delay_ms:g} ms = {planted.ms_per_request:.1f} ms per "
-            f"request: {_pct(ttft.planted_pct if ttft else None)} of the reference's mean "
-            f"TTFT, {_pct(e2el.planted_pct if e2el else None)} of its mean E2EL.",
-        ]
+    lines += _planted_lines(frames.get("planted", ()))
     for name in ("gpu", "ns4"):
         if name not in runs:
             continue
