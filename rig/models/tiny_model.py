@@ -268,22 +268,7 @@ def _gdn_weights(params: TinyModelParams, generator: torch.Generator, prefix: st
             qkvz[gate : gate + head_dim, REGIME_DIM] = params.gate_z
             ba[group * 2 * v_per_k + local, REGIME_DIM] = math.log(params.beta / (1 - params.beta))
 
-    # Scale so that one token's output is gdn_write * its code: the gated RMS norm leaves each
-    # head at RMS(silu(+-value_gain * code)) / (value_gain * silu(gate_z)) of the code.
-    probe = torch.randn(4096, pairs, generator=generator)
-    probe *= math.sqrt(pairs) / probe.norm(dim=1, keepdim=True)
-    pair_rms = (
-        (F.silu(params.value_gain * probe) ** 2 + F.silu(-params.value_gain * probe) ** 2)
-        .mean(dim=1)
-        .div(2)
-        .sqrt()
-        .mean()
-    )
-    scale = (
-        params.gdn_write
-        * float(pair_rms)
-        / (params.value_gain * float(F.silu(torch.tensor(params.gate_z))))
-    )
+    scale = _gdn_write_scale(params, generator)  # its draws come after the keys' spread
     # Heads that carry the same slice each write their share of it.
     carriers = torch.arange(v_heads).remainder(len(slices)).bincount()
     out_proj = torch.zeros(hidden, v_heads * head_dim)
@@ -305,6 +290,27 @@ def _gdn_weights(params: TinyModelParams, generator: torch.Generator, prefix: st
         f"{prefix}.norm.weight": torch.ones(head_dim),
         f"{prefix}.out_proj.weight": out_proj,
     }
+
+
+def _gdn_write_scale(params: TinyModelParams, generator: torch.Generator) -> float:
+    """How strongly out_proj writes, so that one token's output is gdn_write * its code: the
+    gated RMS norm leaves each head at RMS(silu(+-value_gain * code)) / (value_gain *
+    silu(gate_z)) of the code, measured here on a seeded probe of unit-RMS codes."""
+    pairs = params.linear_head_dim // 2
+    probe = torch.randn(4096, pairs, generator=generator)
+    probe *= math.sqrt(pairs) / probe.norm(dim=1, keepdim=True)
+    pair_rms = (
+        (F.silu(params.value_gain * probe) ** 2 + F.silu(-params.value_gain * probe) ** 2)
+        .mean(dim=1)
+        .div(2)
+        .sqrt()
+        .mean()
+    )
+    return (
+        params.gdn_write
+        * float(pair_rms)
+        / (params.value_gain * float(F.silu(torch.tensor(params.gate_z))))
+    )
 
 
 def readout_features(params: TinyModelParams, weights: dict[str, torch.Tensor]) -> torch.Tensor:
