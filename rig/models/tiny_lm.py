@@ -206,16 +206,7 @@ def planted_regime(
     plant(f"{prefix}.input_layernorm.weight", mask, torch.zeros_like(norm))
 
     qkvz = weights[f"{gdn}.in_proj_qkvz.weight"]
-    group_rows = qkvz.shape[0] // key_heads
-    mask, value = torch.zeros_like(qkvz, dtype=torch.bool), torch.zeros_like(qkvz)
-    others = [d for d in range(hidden) if d != REGIME_DIM]
-    for group in range(key_heads):
-        rows = slice(group * group_rows + k_size, group * group_rows + 2 * k_size)
-        mask[rows] = True
-        value[rows, REGIME_DIM] = 1 / nominal
-        spread = torch.randn(k_size, len(others), generator=generator)
-        value[rows, others] = recipe.key_spread * spread / math.sqrt(len(others))
-    plant(f"{gdn}.in_proj_qkvz.weight", mask, value)
+    plant(f"{gdn}.in_proj_qkvz.weight", *_planted_keys(recipe, qkvz, nominal, generator))
 
     ba = weights[f"{gdn}.in_proj_ba.weight"]
     value = torch.zeros_like(ba)
@@ -238,6 +229,26 @@ def planted_regime(
             torch.full_like(tensor, fill),
         )
     return planted
+
+
+def _planted_keys(
+    recipe: TinyLmRecipe, qkvz: torch.Tensor, nominal: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, values) of in_proj_qkvz's key rows: each group's keys read the regime dimension
+    (about `nominal` in every token's input) as 1, plus a seeded token-dependent spread over
+    the other dimensions, drawn a group at a time (planted_regime's only draws)."""
+    hidden, k_size = recipe.hidden_size, recipe.linear_head_dim
+    key_heads = recipe.linear_num_key_heads
+    group_rows = qkvz.shape[0] // key_heads
+    mask, value = torch.zeros_like(qkvz, dtype=torch.bool), torch.zeros_like(qkvz)
+    others = [d for d in range(hidden) if d != REGIME_DIM]
+    for group in range(key_heads):
+        rows = slice(group * group_rows + k_size, group * group_rows + 2 * k_size)
+        mask[rows] = True
+        value[rows, REGIME_DIM] = 1 / nominal
+        spread = torch.randn(k_size, len(others), generator=generator)
+        value[rows, others] = recipe.key_spread * spread / math.sqrt(len(others))
+    return mask, value
 
 
 # --- training ------------------------------------------------------------------------------
