@@ -78,6 +78,7 @@ def test_two_installs_without_a_kernel_proof_are_a_valid_comparison(run_rig, sec
     assert "No kernel proof was asked for" in run.read("summary.md")
 
 
+@pytest.mark.soak  # a rig run of its own
 def test_a_users_function_wrapping_ns4_passes_and_the_proof_names_it(ns4_run, run_rig):
     """After `ns4_run`, which fills the session's golden cache with the smoke scenario's
     reference, whichever tests ran before."""
@@ -94,6 +95,7 @@ def test_a_users_function_wrapping_ns4_passes_and_the_proof_names_it(ns4_run, ru
     assert " faster" not in summary and " slower" not in summary
 
 
+@pytest.mark.soak  # a rig run of its own
 def test_a_users_function_wrapping_ns3_is_caught(ns4_run, run_rig):
     """After `ns4_run`, as the ns4 case (later tests read ns4_run's server logs)."""
     run = run_rig("--set", f"candidate.kernel={MY_KERNEL}_ns3", name="my-kernel-ns3")
@@ -104,6 +106,7 @@ def test_a_users_function_wrapping_ns3_is_caught(ns4_run, run_rig):
     assert run.manifest()["kernels"]["candidate"]["kernel"] == f"{MY_KERNEL}_ns3"
 
 
+@pytest.mark.soak  # a rig run of its own
 def test_an_in_tree_backend_the_cpu_build_ignores_is_invalid(run_rig):
     run = run_rig(
         *SHORT,

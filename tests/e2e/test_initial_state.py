@@ -14,6 +14,8 @@ import pytest
 
 from .conftest import RigRun
 
+pytestmark = pytest.mark.soak  # four runs on the trained model at a 32-token prefill budget
+
 SCENARIO = "scenarios/initial-state.yaml"
 DROP = "ns4+drop-state"
 

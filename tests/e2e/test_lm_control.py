@@ -21,6 +21,8 @@ from rig.scenario.config import SIDES
 
 from .conftest import REPO, RUN_TIMEOUT_S, RigRun, beside_threshold, rig_processes
 
+pytestmark = pytest.mark.soak  # the trained model's controls: four runs and a bisect
+
 SCENARIO = "scenarios/lm-control.yaml"
 
 

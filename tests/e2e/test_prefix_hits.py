@@ -11,6 +11,8 @@ import pytest
 
 from .conftest import RigRun, rig_processes
 
+pytestmark = pytest.mark.soak  # three multi-turn runs of twelve conversation turns
+
 SCENARIO = "scenarios/multi-turn.yaml"
 FLOOR = 640  # the scenario's gates.min_prefix_cache_hits: one whole cache block a side
 TURNS = 12  # 4 conversations x 3 turns, one level, one repeat

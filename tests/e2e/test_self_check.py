@@ -10,6 +10,8 @@ import pytest
 
 from .conftest import RigRun, rig_processes
 
+pytestmark = pytest.mark.soak  # two runs that each send their highest level again alone
+
 SCENARIO = "scenarios/self-check.yaml"
 SKEW = "ns4+batch-skew"
 
