@@ -261,11 +261,13 @@ def test_records_that_cannot_be_kept_stop_the_level_with_the_error(isolation):
 
 _INTERRUPTED_RUN = textwrap.dedent(
     """
-    import json, sys
+    import json, signal, sys
     from rig.load.engine import run_level
     from rig.records import RequestSpec, SamplingParams, ServerTarget, SideJob
 
     if __name__ == "__main__":
+        # as in a terminal: a shell's background job (`make test &`) starts with SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         specs = [
             RequestSpec(f"r{i}", "p", 4, 0, i, "completions", "x", None, f"s{i}",
                         SamplingParams(max_tokens=100))
