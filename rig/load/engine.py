@@ -65,6 +65,10 @@ def run_level(
     included, flagged `warmup`). Ctrl-C cancels the requests in flight (their records get a
     "cancelled" error and still reach `on_record`), stops the workers and re-raises
     KeyboardInterrupt.
+
+    Eleven parameters, all but the first two keywords with defaults: each is one knob of a
+    level's load, passed through by pair_load, the replay, bisect, the self-check and the
+    benchmarks, each setting the few it needs.
     """
     check_jobs(jobs, concurrency)
     measured_counts = {len([s for s in job.specs if not s.warmup]) for job in jobs}

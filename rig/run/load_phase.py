@@ -225,7 +225,8 @@ def run_block(
 ) -> None:
     """One block: `servers`' share of one (level, repeat), at once (or, with `pairs`, request
     pairs back to back; with `waves`, in gated waves; `requests`: each side's, if not the
-    workload's); a server that died in it stops the run."""
+    workload's); a server that died in it stops the run. Eight parameters: the run's three
+    (context, journal, servers), then which block and how it is sent."""
     workload = ctx.scenario.workload
     targets = server_targets(servers)
     hold_at("load")

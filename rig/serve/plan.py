@@ -212,7 +212,8 @@ def serve_argv(
     enforce_eager: bool = True,
 ) -> list[str]:
     """The `vllm serve` command line both sides share, after the side's install's launcher
-    (per-side extras are appended)."""
+    (per-side extras are appended). Eight parameters, each one fact of the server's line that
+    plan_servers has already worked out; a record of them would only be built to be unpacked."""
     model = scenario.model
     argv = [
         model_path,
@@ -322,7 +323,8 @@ def plan_servers(
     """Build identical argv/env for each server, differing only in what the scenario declares
     for a side (its install among them: probed here unless given) and in where the placement
     puts it (with `placement.backend: ray`, on which of the cluster's `nodes`, serving on the
-    node's address)."""
+    node's address). Eight parameters: the four every plan needs, then four with defaults that
+    only preflight (installs, nodes), replica pairs (copies) and one-side plans (sides) set."""
     installs = installs if installs is not None else resolve_installs(scenario, sides)
     attached = [side for side in sides if scenario.side(side).url is not None]
     launched = tuple(side for side in sides if side not in attached)
