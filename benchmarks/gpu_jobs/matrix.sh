@@ -6,7 +6,8 @@
 # budget, then the A/A and the GPU-timeline control (600 us a prefill call, which predicted +3 %
 # of TTFT on gpu-speed.yaml) at C = 16, 64, 200. MATRIX_BUDGET_S, CONTROL_BUDGET_S and
 # GPU_DELAY_US change them; MATRIX_LEVELS (e.g. [16,64,200]) and MATRIX_REPEATS cut the matrix
-# down to fit the device time left; MATRIX_ONLY=1 stops after the matrix.
+# down to fit the device time left; CONTROL_COMPARISONS (default aa,gpu) orders the control's
+# runs, so that the one that matters most finishes first; MATRIX_ONLY=1 stops after the matrix.
 set -uo pipefail
 started=$(date +%s)
 stamp() { echo "== $1 at $(( $(date +%s) - started )) s"; }
@@ -19,7 +20,7 @@ stamp "qwen35-control built"
     --set workload.speed_budget_s="${MATRIX_BUDGET_S:-150}"
 stamp "ns4 matrix done"
 [ -n "${MATRIX_ONLY:-}" ] && exit 0
-"$PY" benchmarks/perf_control.py --scenario scenarios/gpu-matrix.yaml --comparisons aa,gpu \
+"$PY" benchmarks/perf_control.py --scenario scenarios/gpu-matrix.yaml --comparisons "${CONTROL_COMPARISONS:-aa,gpu}" \
     --gpu-delay-us "${GPU_DELAY_US:-600}" --results-dir "$RESULTS" --run-id matrix-control \
     --set 'workload.concurrency=[16,64,200]' --set workload.repeats=4 \
     --set workload.speed_resolution_pct=2 \

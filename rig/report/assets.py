@@ -48,6 +48,7 @@ details.mismatch>summary{cursor:pointer;padding:4px 0}
 .badge{display:inline-block;border-radius:10px;padding:0 8px;font-size:12px;font-weight:700;
  color:#fff}
 .badge.substantive{background:#c62828}.badge.near-tie{background:#f9a825;color:#000}
+.badge.reference-variant{background:#00838f}
 .badge.pathology,.badge.unclassified{background:#6a1b9a}
 .sides{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:12px}
 .side h4{margin:4px 0}.topk-title{margin:6px 0 2px;font-size:12px}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rig.report.html import render_html
 from rig.report.markdown import render_markdown
-from rig.report.mismatches import Decode
+from rig.report.mismatches import Decode, label
 from rig.report.tables import (
     accuracy_table,
     drift_table,
@@ -84,7 +84,7 @@ def render_junit(outcome: RunOutcome) -> bytes:
         elif pair.divergence is not None:
             ET.SubElement(
                 case, "system-out"
-            ).text = f"near-tie at token {pair.divergence.token_index}"
+            ).text = f"{label(pair)} at token {pair.divergence.token_index}"
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True)
 
 

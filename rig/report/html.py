@@ -61,7 +61,8 @@ def verdict_section(outcome) -> str:
         f'<header id="verdict" class="verdict {_verdict_class(verdict.word, verdict.passed)}">',
         f'<div class="word">{esc(verdict.word)} — {status}</div>',
         f"<p>{c.pairs} request pairs: {c.identical} identical, {c.near_tie} near-tie, "
-        f"{c.substantive} substantive"
+        + (f"{c.reference_variant} reference variant, " if c.reference_variant else "")
+        + f"{c.substantive} substantive"
         + (f", {c.unclassified} unclassified (no margin measured)" if c.unclassified else "")
         + f"; {c.pathologies} pathologies; prefix-cache hits "
         f"{c.prefix_cache_hits:g}; teacher-forced drift mean {esc(number(c.drift_mean, 'nats', 4))}"
@@ -92,6 +93,7 @@ def floor_section(outcome) -> str:
         ("request pairs", c.pairs, a and a.pairs, ""),
         ("identical", c.identical, a and a.identical, ""),
         ("near-tie divergences", c.near_tie, a and a.near_tie, ""),
+        ("reference variants", c.reference_variant, a and a.reference_variant, ""),
         ("substantive divergences", c.substantive, a and a.substantive, ""),
         ("unclassified divergences", c.unclassified, a and a.unclassified, ""),
         ("gating pathologies", c.pathologies, a and a.pathologies, ""),

@@ -190,8 +190,14 @@ def mismatch_card(
 
 
 def mismatch_order(pair: PairResult) -> tuple:
-    """Substantive divergences first, then pathologies, then near-ties."""
-    rank = {"substantive": 0, "unclassified": 1, "pathology": 1, "near-tie": 2}[label(pair)]
+    """Substantive divergences first, then pathologies, then near-ties and reference variants."""
+    rank = {
+        "substantive": 0,
+        "unclassified": 1,
+        "pathology": 1,
+        "near-tie": 2,
+        "reference-variant": 2,
+    }[label(pair)]
     return (rank, pair.level, pair.repeat, pair.index)
 
 

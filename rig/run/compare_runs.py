@@ -77,12 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.ERROR
     identical = sum(p.identical for p in pairs)
     near = sum(1 for p in pairs if p.near_tie)
+    variants = sum(p.reference_variant for p in pairs)
     substantive = sum(p.substantive for p in pairs)
     unclassified = sum(p.unclassified for p in pairs)
     unanswered = sum(1 for p in pairs if not p.identical and p.divergence is None)
     print(
         f"{args.run_a}:{args.side_a} vs {args.run_b}:{args.side_b}: {len(pairs)} pairs, "
-        f"{identical} identical, {near} near-tie, {substantive} substantive, "
+        f"{identical} identical, {near} near-tie, {variants} reference variant, "
+        f"{substantive} substantive, "
         f"{unclassified} unclassified (no replay margin), {unanswered} with a failed request"
     )
     for pair in [p for p in pairs if not p.identical][:10]:

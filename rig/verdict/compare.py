@@ -8,6 +8,13 @@ margin within `near_tie_margin`) or a *substantive* divergence. The top-k come f
 teacher-forced replay of the reference completion (rig.verdict.drift), which reaches the divergent
 token along the prefix both sides generated: the timed requests carry no logprobs. Drift
 completes the verdict.
+
+Before any margin, a mismatch whose candidate text the reference itself wrote for the same prompt
+in another request of the run is a *reference variant*: vLLM's output depends on the batch around
+a request, so where the reference's own answers to one prompt differ between blocks, the candidate
+writing one of them says nothing against its kernel (qwen35-control on one H100, 2026-12-07: FLA
+answered a 7,960-token prompt one way in 39 blocks and the other in one, and a replay margin of
+0.44 nats there made ns4 "substantive").
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from rig.records import (
@@ -32,7 +39,7 @@ EXCERPT_CHARS = 40
 TEXT_CONSEQUENCES = frozenset(
     {"repetition_loop", "length_runaway", "empty_output", "replacement_char", "invalid_utf8"}
 )
-DivergenceKind = Literal["near_tie", "substantive", "unclassified"]
+DivergenceKind = Literal["near_tie", "reference_variant", "substantive", "unclassified"]
 
 # Each side's replay along the reference completions: side -> completion -> positions
 # (rig.verdict.drift.forced_positions).
@@ -96,6 +103,12 @@ class PairResult:
         return self.divergence is not None and self.divergence.kind == "near_tie"
 
     @property
+    def reference_variant(self) -> bool:
+        """Its candidate wrote what the reference wrote for the same prompt elsewhere in the run:
+        the reference's own variation between batches, not a judgement on the kernel."""
+        return self.divergence is not None and self.divergence.kind == "reference_variant"
+
+    @property
     def unclassified(self) -> bool:
         """Its text differs where no margin was measured (no replay of it): neither a near-tie
         nor a substantive divergence, as far as the run can tell."""
@@ -105,11 +118,12 @@ class PairResult:
     def gating_pathologies(self) -> list[Pathology]:
         return [p for p in self.pathologies if p.gating]
 
-    def after_near_tie(self, pathology: Pathology) -> bool:
-        """Whether `pathology` follows this pair's near-tie divergence and is of a kind that a
-        different token brings about by itself (a loop, a long or empty answer, a split
-        character): the flip's consequence, which a correct kernel's bf16 noise can have too."""
-        return self.near_tie and pathology.kind in TEXT_CONSEQUENCES
+    def after_benign_flip(self, pathology: Pathology) -> bool:
+        """Whether `pathology` follows this pair's near-tie or reference-variant divergence and
+        is of a kind that a different token brings about by itself (a loop, a long or empty
+        answer, a split character): the flip's consequence, which a correct kernel's bf16 noise
+        can have too."""
+        return (self.near_tie or self.reference_variant) and pathology.kind in TEXT_CONSEQUENCES
 
     def as_row(self) -> dict:
         row = {
@@ -314,6 +328,24 @@ def pair_pathologies(
     return tuple(found)
 
 
+def _prompt_key(record: RequestRecord) -> tuple[str, int | None] | None:
+    """Requests that ask the same: one prompt, its token count as the server saw it. None for a
+    conversation's turn, whose prompt carries its own side's earlier answers."""
+    if record.conversation_id is not None:
+        return None
+    return record.prompt_id, record.prompt_tokens
+
+
+def reference_answers(reference: list[RequestRecord]) -> dict[tuple[str, int | None], set[str]]:
+    """Every text the reference wrote for each prompt in the run (answered requests only)."""
+    answers: dict[tuple[str, int | None], set[str]] = {}
+    for record in reference:
+        key = _prompt_key(record)
+        if key is not None and record.error is None:
+            answers.setdefault(key, set()).add(record.text)
+    return answers
+
+
 def compare_pairs(
     reference: list[RequestRecord],
     candidate: list[RequestRecord],
@@ -322,7 +354,10 @@ def compare_pairs(
     replayed: Replayed | None = None,
 ) -> list[PairResult]:
     """Pair by request_id (both sides get the same ordered requests) and compare each pair;
-    `replayed`: each side's teacher-forced top-k along the reference completions."""
+    `replayed`: each side's teacher-forced top-k along the reference completions. A mismatch
+    whose candidate text the reference wrote for the same prompt elsewhere is a reference
+    variant, whatever its margin."""
+    answers = reference_answers(reference)
     by_id = {record.request_id: record for record in candidate}
     missing = [record.request_id for record in reference if record.request_id not in by_id]
     if missing:
@@ -337,6 +372,8 @@ def compare_pairs(
         divergence = (
             first_divergence(ref, cand, near_tie_margin, replayed) if both_answered else None
         )
+        if divergence is not None and cand.text in answers.get(_prompt_key(ref), ()):
+            divergence = replace(divergence, kind="reference_variant")
         results.append(
             PairResult(
                 request_id=ref.request_id,

@@ -66,6 +66,7 @@ def count(
             sum(d.prompt_mean_abs for d in measured) / len(measured) if measured else math.nan
         ),
         unclassified=sum(1 for p in pairs if p.unclassified),
+        reference_variant=sum(1 for p in pairs if p.reference_variant),
     )
 
 

@@ -53,12 +53,16 @@ def pairs_compared(evidence: Evidence) -> Gate:
 
 def substantive_divergences(evidence: Evidence) -> Gate:
     c, g = evidence.counts, evidence.config
-    return Gate(
-        "substantive divergences",
-        c.substantive <= g.max_substantive_divergences,
+    detail = (
         f"{c.substantive} substantive (allowed {g.max_substantive_divergences}); "
-        f"{c.near_tie} near-ties at margin <= {g.near_tie_margin}",
+        f"{c.near_tie} near-ties at margin <= {g.near_tie_margin}"
     )
+    if c.reference_variant:
+        detail += (
+            f"; {c.reference_variant} reference variants (the candidate wrote what the reference "
+            "wrote for the same prompt in another request)"
+        )
+    return Gate("substantive divergences", c.substantive <= g.max_substantive_divergences, detail)
 
 
 def unclassified_divergences(evidence: Evidence) -> Gate:
@@ -315,6 +319,7 @@ def failed_verdict(verdict: Verdict, error: str) -> Verdict:
     compared = (
         f"{c.pairs} pairs compared before it stopped: {c.identical} identical, {c.near_tie} "
         f"near-tie, {c.substantive} substantive"
+        + (f", {c.reference_variant} reference variant" if c.reference_variant else "")
     )
     gates = (*verdict.gates, Gate("run completed", False, f"{error.splitlines()[0]}; {compared}"))
     word = verdict.word

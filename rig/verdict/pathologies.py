@@ -1,11 +1,11 @@
 """The pathologies gate: a loop, an empty or runaway answer, a broken character or a failed
 request, judged like divergences are.
 
-One that follows a near-tie flip (rig.verdict.compare.TEXT_CONSEQUENCES after another token)
-or is of a kind the A/A control shows too is what a correct kernel's bf16 noise can bring
-about: those count against the A/A control's rate, by a one-sided exact test. Every other one
-(no divergence before it, after a substantive or unclassified one, a transport failure) counts
-against `gates.max_pathologies`, as server-log faults do.
+One that follows a near-tie or reference-variant flip (rig.verdict.compare.TEXT_CONSEQUENCES
+after another token) or is of a kind the A/A control shows too is what a correct kernel's bf16
+noise can bring about: those count against the A/A control's rate, by a one-sided exact test.
+Every other one (no divergence before it, after a substantive or unclassified one, a transport
+failure) counts against `gates.max_pathologies`, as server-log faults do.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def pathologies_gate(
     for result in pairs:
         for pathology in result.gating_pathologies:
             like_aa = pathology.kind in aa_kinds and not result.substantive
-            if result.after_near_tie(pathology) or like_aa:
+            if result.after_benign_flip(pathology) or like_aa:
                 floored += 1
             else:
                 absolute += 1
@@ -57,14 +57,18 @@ def pathologies_gate(
     if not floored:
         return Gate("pathologies", absolute + log_faults <= allowed, detail)
     if aa_pairs is None:
-        detail += f"; {floored} of them after a near-tie, with no A/A control to judge them by"
+        detail += (
+            f"; {floored} of them after a near-tie or a reference variant, with no A/A control "
+            "to judge them by"
+        )
         return Gate("pathologies", absolute + floored + log_faults <= allowed, detail)
     p_value = fisher_greater(floored, len(pairs), len(aa_found), len(aa_pairs))
     within = p_value >= PATHOLOGY_FLOOR_ALPHA
     detail = (
         f"{absolute} candidate-only or transport pathologies, {log_faults} server-log faults "
-        f"(allowed {allowed}); {floored} after a near-tie or of a kind the A/A control shows: "
-        f"{floored}/{len(pairs)} pairs vs A/A {len(aa_found)}/{len(aa_pairs)}, one-sided exact "
-        f"p = {p_value:.2f} (fails below {PATHOLOGY_FLOOR_ALPHA})"
+        f"(allowed {allowed}); {floored} after a near-tie or a reference variant, or of a kind "
+        f"the A/A control shows: {floored}/{len(pairs)} pairs vs A/A "
+        f"{len(aa_found)}/{len(aa_pairs)}, one-sided exact p = {p_value:.2f} "
+        f"(fails below {PATHOLOGY_FLOOR_ALPHA})"
     )
     return Gate("pathologies", absolute + log_faults <= allowed and within, detail)

@@ -28,6 +28,7 @@ class SelfCheckCounts:
     identical: int
     near_tie: int
     substantive: int  # classified by the margin
+    reference_variant: int = 0  # alone, it wrote what it wrote for the prompt in another batch
     unclassified: int = 0  # no margin measured where the texts part (no replay of them)
 
     def as_dict(self) -> dict:
@@ -51,6 +52,7 @@ class SelfCheck:
             near_tie=sum(p.near_tie for p in self.pairs),
             substantive=sum(p.substantive for p in self.pairs),
             unclassified=sum(p.unclassified for p in self.pairs),
+            reference_variant=sum(p.reference_variant for p in self.pairs),
         )
 
     def describe(self) -> str:
@@ -69,6 +71,7 @@ class SelfCheck:
             found = (
                 f"{scope}: {differ} wrote other text alone than inside batches "
                 f"({c.near_tie} near-tie, {c.substantive} substantive"
+                + (f", {c.reference_variant} batched elsewhere" if c.reference_variant else "")
                 + (f", {c.unclassified} unclassified" if c.unclassified else "")
                 + ")"
             )

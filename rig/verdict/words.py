@@ -25,6 +25,9 @@ class VerdictWord(StrEnum):
     IDENTICAL = "identical"
     NEAR_TIES_IN_FLOOR = "equivalent up to near-ties within the A/A noise floor"
     NEAR_TIES = "equivalent up to near-ties"
+    # every divergence is a near-tie or an answer the reference itself gave the same prompt
+    NEAR_TIES_AND_VARIANTS = "equivalent up to near-ties and the reference's own variation"
+    REFERENCE_VARIANTS = "equivalent up to the reference's own variation"
     NOT_EQUIVALENT = "NOT equivalent"
     UNCLASSIFIED = "text differs, unclassified"  # no margin measured where the texts part
     INVALID = "INVALID"
@@ -54,6 +57,7 @@ class Counts:
     drift_errors: int
     prompt_drift_mean: float = math.nan
     unclassified: int = 0
+    reference_variant: int = 0  # the candidate wrote the reference's answer from another request
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,10 @@ def verdict_word(gates: list[Gate], counts: Counts, aa_counts: Counts | None) ->
         return VerdictWord.UNCLASSIFIED
     if counts.identical == counts.pairs and counts.pairs > 0:
         return VerdictWord.IDENTICAL
+    if counts.reference_variant:
+        if counts.near_tie:
+            return VerdictWord.NEAR_TIES_AND_VARIANTS
+        return VerdictWord.REFERENCE_VARIANTS
     if aa_counts is not None and counts.near_tie <= aa_counts.pairs - aa_counts.identical:
         return VerdictWord.NEAR_TIES_IN_FLOOR
     return VerdictWord.NEAR_TIES

@@ -77,7 +77,7 @@ def test_main_classifies_from_the_runs_replays(make_record, tmp_path, capsys):
         )
         write_replay(runs[name] / REPLAY_FILE, [sequence], {side: {0: answer}})
     assert compare_main([str(runs["a"]), str(runs["b"])]) == 0
-    assert "1 near-tie, 0 substantive" in capsys.readouterr().out
+    assert "1 near-tie, 0 reference variant, 0 substantive" in capsys.readouterr().out
     (runs["b"] / REPLAY_FILE).unlink()
     assert compare_main([str(runs["a"]), str(runs["b"])]) == 3
     assert "token 2 (unclassified" in capsys.readouterr().out

@@ -423,3 +423,73 @@ def test_as_row_flattens_the_divergence(make_record):
     assert row["div_char_index"] == 0
     assert row["div_token_index"] == 2
     assert row["pathologies"] == "candidate:empty_output"
+
+
+# --- the reference's own variation ---------------------------------------------------------------
+
+
+def long_prompt_run(make_record, candidate_text: str):
+    """What qwen35-control did on one H100 (2026-12-07): the reference answered a 7,960-token
+    prompt `A...` in 39 requests and `B...` in one (c144-r3), its replay putting B 0.44 nats
+    over A at token 0. Returns the pairs, the B request's last."""
+    reference, candidate = [], []
+    for i, ref_text in enumerate(["Aaa"] * 3 + ["Bbb"]):
+        fields = {"prompt_id": "long-10000-0", "prompt_tokens": 7960, "token_ids": None}
+        reference.append(make_record("reference", f"q{i}", text=ref_text, **fields))
+        candidate.append(make_record("candidate", f"q{i}", text=candidate_text, **fields))
+    return compare_pairs(reference, candidate, MARGIN)
+
+
+def test_the_references_own_answer_to_the_prompt_is_a_reference_variant(make_record):
+    *same, flipped = long_prompt_run(make_record, candidate_text="Aaa")
+    assert all(p.identical for p in same)
+    assert flipped.reference_variant and not flipped.substantive
+    assert flipped.divergence.char_index == 0
+
+
+def test_a_reference_variant_outranks_a_wide_replay_margin(make_record):
+    ref, cand, replayed = pair_at_third_token(make_record, {3: -0.51, 9: -0.95}, {9: -0.6})
+    assert first_divergence(ref, cand, MARGIN, replayed).kind == "substantive"
+    elsewhere = make_record("reference", "c1-r1-0000", text=cand.text, token_ids=cand.token_ids)
+    again = make_record("candidate", "c1-r1-0000", text=cand.text, token_ids=cand.token_ids)
+    flipped, _ = compare_pairs([ref, elsewhere], [cand, again], MARGIN, replayed=replayed)
+    assert flipped.divergence.kind == "reference_variant"
+    assert flipped.divergence.reference_margin == pytest.approx(0.44)  # still shown
+
+
+def test_an_answer_the_reference_never_gave_the_prompt_stays_substantive(make_record):
+    """ns3's empty answers, or text the reference wrote for another prompt only."""
+    *_, flipped = long_prompt_run(make_record, candidate_text="")
+    assert not flipped.reference_variant
+    other = {"request_id": "q9", "prompt_id": "another", "text": "Ccc"}
+    reference = [make_record("reference", "q0", text="Aaa"), make_record("reference", **other)]
+    candidate = [make_record("candidate", "q0", text="Ccc"), make_record("candidate", **other)]
+    pair, _ = compare_pairs(reference, candidate, MARGIN)
+    assert pair.divergence.kind == "unclassified"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"prompt_tokens": 7961},  # another prompt under the same id
+        {"error": "timeout: slow"},  # a failed request wrote nothing
+    ],
+)
+def test_only_answered_requests_of_the_same_prompt_count(make_record, fields):
+    ref = make_record("reference", "q0", text="Aaa", prompt_tokens=7960)
+    other = make_record("reference", "q1", text="Bbb", **{"prompt_tokens": 7960, **fields})
+    cand = make_record("candidate", "q0", text="Bbb", prompt_tokens=7960)
+    same = make_record("candidate", "q1", text="Bbb", prompt_tokens=7960)
+    (pair, _) = compare_pairs([ref, other], [cand, same], MARGIN)
+    assert not pair.reference_variant
+
+
+def test_a_conversation_turn_is_never_a_reference_variant(make_record):
+    """A later turn's prompt holds its own side's earlier answers: the same id, other text."""
+    turn = {"conversation_id": "c0", "turn": 1}
+    ref = make_record("reference", "q0", text="Aaa", **turn)
+    other = make_record("reference", "q1", text="Bbb", **turn)
+    cand = make_record("candidate", "q0", text="Bbb", **turn)
+    same = make_record("candidate", "q1", text="Bbb", **turn)
+    (pair, _) = compare_pairs([ref, other], [cand, same], MARGIN)
+    assert not pair.reference_variant

@@ -131,6 +131,21 @@ def test_near_ties_pass_as_equivalent_up_to_near_ties():
     assert result.counts.near_tie == 1
 
 
+def test_reference_variants_pass_under_their_own_word():
+    result = verdict(identical(3) + [pair("v", "reference_variant")], [drift(0.01)])
+    assert result.word == "equivalent up to the reference's own variation"
+    assert result.passed and result.exit_code() == ExitCode.PASS
+    assert (result.counts.reference_variant, result.counts.substantive) == (1, 0)
+    assert "1 reference variants" in gate(result, "substantive divergences").detail
+    both = verdict([pair("v", "reference_variant"), pair("t", "near_tie")], [drift(0.01)])
+    assert both.word == "equivalent up to near-ties and the reference's own variation"
+
+
+def test_a_substantive_divergence_beside_reference_variants_is_not_equivalent():
+    result = verdict([pair("v", "reference_variant"), pair("s", "substantive")])
+    assert result.word == "NOT equivalent" and not result.passed
+
+
 def test_substantive_divergence_is_not_equivalent():
     result = verdict(identical(3) + [pair("s", "substantive")])
     assert result.word == "NOT equivalent"

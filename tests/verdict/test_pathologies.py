@@ -9,6 +9,8 @@ of that run had 36 near-ties and 1 substantive divergence among 100 pairs, and n
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rig.records import TokenLogprob
@@ -71,7 +73,16 @@ def test_the_loop_follows_a_near_tie_flip(make_record):
     assert looping.divergence.reference_margin == pytest.approx(0.25)
     (loop,) = looping.gating_pathologies
     assert (loop.side, loop.kind) == ("candidate", "repetition_loop")
-    assert looping.after_near_tie(loop)
+    assert looping.after_benign_flip(loop)
+
+
+def test_a_loop_after_a_reference_variant_follows_a_benign_flip_too(make_record):
+    looping = looping_pair(make_record)
+    variant = replace(looping, divergence=replace(looping.divergence, kind="reference_variant"))
+    (loop,) = variant.gating_pathologies
+    assert variant.after_benign_flip(loop)
+    substantive = replace(looping, divergence=replace(looping.divergence, kind="substantive"))
+    assert not substantive.after_benign_flip(loop)
 
 
 def test_a_loop_after_a_near_tie_counts_against_the_aa_rate_and_ns4_passes(make_record):
@@ -79,7 +90,8 @@ def test_a_loop_after_a_near_tie_counts_against_the_aa_rate_and_ns4_passes(make_
     result = verdict(candidate, gates=LM_CONTROL, aa_pairs=aa)
     found = gate(result, "pathologies")
     assert found.passed, found.detail
-    assert "1 after a near-tie or of a kind the A/A control shows" in found.detail
+    shown = "1 after a near-tie or a reference variant, or of a kind the A/A control shows"
+    assert shown in found.detail
     assert "1/100 pairs vs A/A 0/100" in found.detail and "p = 0.50" in found.detail
     assert result.passed and result.word == "equivalent up to near-ties"
     assert (result.counts.near_tie, result.counts.substantive, result.counts.pathologies) == (

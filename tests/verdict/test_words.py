@@ -25,6 +25,11 @@ def test_with_no_gate_failed_the_counts_give_the_word():
     assert verdict_word([], NEAR, None) is VerdictWord.NEAR_TIES
     assert verdict_word([], NEAR, NEAR) is VerdictWord.NEAR_TIES_IN_FLOOR
     assert verdict_word([], NEAR, ALL_SAME) is VerdictWord.NEAR_TIES
+    variant = Counts(4, 3, 0, 0, 0, 0.0, 0.0, 0.0, 0, reference_variant=1)
+    assert verdict_word([], variant, None) is VerdictWord.REFERENCE_VARIANTS
+    both = Counts(4, 2, 1, 0, 0, 0.0, 0.0, 0.0, 0, reference_variant=1)
+    assert verdict_word([], both, None) is VerdictWord.NEAR_TIES_AND_VARIANTS
+    assert verdict_word([], both, both) is VerdictWord.NEAR_TIES_AND_VARIANTS  # floor: near-ties
 
 
 def test_each_word_has_its_exit_code():
