@@ -13,8 +13,11 @@
 #   then:   bash benchmarks/gpu_speed_session.sh wait SECONDS      (until it says finished)
 # JOB=benchmarks/gpu_jobs/NAME.sh runs that script (from the copy under /tmp/rig, with $PY,
 # $RESULTS and the environment above) instead of the speed control.
-# Each prints the log's tail and packs the results (summaries, perf.csv, records, counters,
-# manifests, server-log tails, the GPU's busy samples) into $OUT/results.tar.xz.
+# Each prints the log's tail and packs the results into two archives under $OUT: summary.tar.xz
+# (summaries, perf.csv, manifests, counters, drift, mismatches, the GPU's busy samples: small,
+# written first) and records.tar.xz (requests, replays, server-log tails). Packing takes a few
+# seconds; give the call's timeout_s 30 s more than `wait`'s SECONDS. (On 2026-12-07 one xz -6
+# stream of everything outlasted two calls' limits, and the matrix's summary never came back.)
 set -uo pipefail
 PY=${PYTHON:-/opt/torch/.venv/bin/python3}
 WORK=/tmp/rig
@@ -34,14 +37,19 @@ report() {
     mkdir -p "$out"
     cp "$LOG" "$out/control.log" 2>/dev/null
     cp "$RESULTS/gpu-speed/summary.md" "$out/summary.md" 2>/dev/null
-    # the results but the server logs, then each log's last 200 kB (a log a live server still
-    # writes is read, never cut)
+    # the bulky records apart from the rest; each server log's last 200 kB (a log a live server
+    # still writes is read, never cut)
+    bulky=(--exclude='kernel-stats' --exclude='report.html' --exclude='*.log' --exclude='bench')
+    records=(--exclude='requests.jsonl' --exclude='requests.csv' --exclude='replay.jsonl'
+        --exclude='junit.xml')
+    (cd "$RESULTS" 2>/dev/null && tar "${bulky[@]}" "${records[@]}" -cf - . \
+        | xz -1 -T0 > "$out/summary.tar.xz")
     stage=/tmp/stage && rm -rf "$stage" && mkdir -p "$stage"
     (cd "$RESULTS" 2>/dev/null && find . -name '*.log' | while read -r log; do
         mkdir -p "$stage/$(dirname "$log")" && tail -c 200000 "$log" > "$stage/$log"; done
-     tar --exclude='kernel-stats' --exclude='report.html' --exclude='*.log' -cf - . \
-        | tar -xf - -C "$stage")
-    (cd "$stage" && tar -cf - . | xz -6 > "$out/results.tar.xz")
+     find . \( -name requests.jsonl -o -name requests.csv -o -name replay.jsonl \) \
+        -exec cp --parents {} "$stage" \;)
+    (cd "$stage" && tar -cf - . | xz -1 -T0 > "$out/records.tar.xz")
     if running; then echo "== still running"; else echo "== finished"; fi
 }
 

@@ -4,7 +4,8 @@
 # benchmarks/gpu_profile_session.sh (FLA against ns4 on tiny-qwen35, the profiled block and its
 # traces), tests/e2e/test_gpu_accuracy.py (ns3 caught by the accuracy gate alone), then
 # benchmarks/gdn_share.py on the same prompts and tests/e2e/test_gpu_profile.py against its CSV.
-# Everything lands under $RESULTS, which the session script packs into results.tar.xz.
+# Everything lands under $RESULTS, which the session script packs into summary.tar.xz and
+# records.tar.xz.
 set -uo pipefail
 started=$(date +%s)
 stamp() { echo "== $1 at $(( $(date +%s) - started )) s"; }

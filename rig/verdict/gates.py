@@ -174,16 +174,21 @@ def drift_within_floor(evidence: Evidence) -> Gate | None:
 
 def near_ties_beyond_aa(evidence: Evidence) -> Gate | None:
     """`gates.allow_near_ties_beyond_aa`: near-ties beyond those the A/A control measured.
+    Reference variants count with them: the floor is every pair the A/A control saw differ.
     None without the control or the key."""
     aa, allowed = evidence.aa_counts, evidence.config.allow_near_ties_beyond_aa
     if aa is None or allowed < 0:
         return None
     floor = aa.pairs - aa.identical
-    near_tie = evidence.counts.near_tie
+    c = evidence.counts
+    benign = c.near_tie + c.reference_variant
+    named = f"{c.near_tie} near-ties" + (
+        f" and {c.reference_variant} reference variants" if c.reference_variant else ""
+    )
     return Gate(
         "near-ties beyond the A/A floor",
-        near_tie - floor <= allowed,
-        f"{near_tie} near-ties vs A/A floor {floor} (allowed beyond: {allowed})",
+        benign - floor <= allowed,
+        f"{named} vs A/A floor {floor} (allowed beyond: {allowed})",
     )
 
 

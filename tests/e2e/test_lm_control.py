@@ -19,7 +19,7 @@ from rig.models.tiny_lm import REGIME_LAYER
 from rig.records import REQUESTS_FILE, RequestRecord
 from rig.scenario.config import SIDES
 
-from .conftest import REPO, RUN_TIMEOUT_S, RigRun, beside_threshold, rig_processes
+from .conftest import EQUIVALENT_WORDS, REPO, RUN_TIMEOUT_S, RigRun, beside_threshold, rig_processes
 
 pytestmark = pytest.mark.soak  # the trained model's controls: four runs and a bisect
 
@@ -123,7 +123,7 @@ def test_ns4_is_equivalent_with_drift_within_the_floor(lm_ns4_run):
     run = lm_ns4_run
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     verdict = run.manifest()["verdict"]
-    assert verdict["word"].startswith(("identical", "equivalent up to near-ties"))
+    assert verdict["word"] in EQUIVALENT_WORDS
     assert verdict["counts"]["substantive"] == 0
     assert beside_threshold("tiny-lm ns4 mean drift", verdict["counts"]["drift_mean"], 0.1, "<=")
     floor = gate_of(run, "drift within the floor")

@@ -651,6 +651,10 @@ def test_near_ties_beyond_aa_needs_the_control_and_its_key():
     assert near_ties_beyond_aa(evidence(near, aa_pairs=aa_pairs(4, 1))) is None  # key unset
     found = near_ties_beyond_aa(evidence(near, aa_pairs=aa_pairs(4, 1), config=keyed))
     assert not found.passed and found.detail == ("3 near-ties vs A/A floor 1 (allowed beyond: 0)")
+    both = [*near[:2], pair("v", "reference_variant")]
+    found = near_ties_beyond_aa(evidence(both, aa_pairs=aa_pairs(4, 1), config=keyed))
+    assert not found.passed  # a reference variant counts against the floor as a near-tie does
+    assert found.detail == "2 near-ties and 1 reference variants vs A/A floor 1 (allowed beyond: 0)"
 
 
 def test_vllm_installs_fails_on_a_skew_the_scenario_does_not_declare():
