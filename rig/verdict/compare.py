@@ -352,12 +352,14 @@ def compare_pairs(
     near_tie_margin: float,
     max_tokens: int | None = None,
     replayed: Replayed | None = None,
+    reference_variants: bool = True,
 ) -> list[PairResult]:
     """Pair by request_id (both sides get the same ordered requests) and compare each pair;
     `replayed`: each side's teacher-forced top-k along the reference completions. A mismatch
     whose candidate text the reference wrote for the same prompt elsewhere is a reference
-    variant, whatever its margin."""
-    answers = reference_answers(reference)
+    variant, whatever its margin, unless `reference_variants` is off (a comparison whose very
+    subject is how the batch moves one side's answers)."""
+    answers = reference_answers(reference) if reference_variants else {}
     by_id = {record.request_id: record for record in candidate}
     missing = [record.request_id for record in reference if record.request_id not in by_id]
     if missing:

@@ -59,6 +59,19 @@ def test_a_divergence_is_classified_by_the_candidates_own_margin(make_record):
     )
 
 
+def test_an_alone_answer_some_batch_also_wrote_is_still_a_difference(make_record):
+    """A kernel wrong only beside other sequences leaves some batched answers right: the alone
+    answer matching one of them is the batch moving the text, what this check measures, so no
+    reference variant here (the main comparison has them)."""
+    batch, alone = batched_and_alone(make_record, ["a b c d", "a b n d", "a b c d", "a b c d"])
+    batch[3].text, batch[3].token_ids = "a b n d", [1, 2, 9, 4]  # one batch wrote the alone text
+    check = self_check(batch, alone, 4, MARGIN, 4, replay_at_third_token(WIDE))
+    assert not any(p.reference_variant for p in check.pairs)
+    c = check.counts
+    assert (c.identical, c.substantive, c.unclassified) == (2, 1, 1)  # no replay of batch 3
+    assert compare_pairs(batch, alone, MARGIN)[1].reference_variant  # the main rule would
+
+
 def test_without_a_replay_a_divergence_stays_unclassified_and_is_counted_as_such(make_record):
     batch, alone = batched_and_alone(make_record, ["a b n d", "a b c d", "a b c d", "a b c d"])
     check = self_check(batch, alone, 4, MARGIN, 4)
