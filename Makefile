@@ -20,7 +20,7 @@ RUN_FLAGS := $(if $(MODEL),--set model.name=$(MODEL)) \
              $(if $(filter none reference,$(CANDIDATE)),--set candidate.kernel=null,\
                  $(if $(CANDIDATE),--set candidate.kernel=$(CANDIDATE))) $(ARGS)
 
-.PHONY: venv vllm-venv browser e2e test test-soak test-gpu gsm8k tiny-model tiny-lm qwen35-control kernel-check kernel-bench \
+.PHONY: venv vllm-venv browser e2e test test-soak test-gpu gsm8k tiny-model tiny-lm qwen35-control qwen35-deep kernel-check kernel-bench \
 	bench-client perf-control lint format clean
 
 venv: $(VENV)/.installed
@@ -84,6 +84,9 @@ tiny-qwen35: venv
 
 qwen35-control: venv
 	$(PY) -m rig.models.qwen35_control $(or $(OUT),.cache/qwen35-control)
+
+qwen35-deep: venv
+	$(PY) -m rig.models.qwen35_deep $(or $(OUT),.cache/qwen35-deep)
 
 tiny-lm: venv
 	$(PY) -m rig.models.tiny_lm $(or $(OUT),.cache/tiny-lm)

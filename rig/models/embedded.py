@@ -1,7 +1,7 @@
 """The embedded models by name: what `model.name: tiny | tiny-lm | tiny-gdn | tiny-qwen35 |
-qwen35-control`
-means, and the one place that builds them (on first use, cached by their params' hash). The
-builders are imported only when one is needed: they pull in torch and tokenizers."""
+qwen35-control | qwen35-deep` means, and the one place that builds them (on first use, cached by
+their params' hash). The builders are imported only when one is needed: they pull in torch and
+tokenizers."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ EMBEDDED_MODELS: dict[str, str] = {  # name -> "module:builder"
     "tiny-gdn": "rig.models.tiny_model:ensure_tiny_gdn_model",
     "tiny-qwen35": "rig.models.tiny_qwen35:ensure_tiny_qwen35_model",
     "qwen35-control": "rig.models.qwen35_control:ensure_qwen35_control_model",
+    "qwen35-deep": "rig.models.qwen35_deep:ensure_qwen35_deep_model",
 }
 
 

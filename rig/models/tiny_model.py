@@ -44,6 +44,7 @@ from pathlib import Path
 import tokenizers
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
 from rig import PROJECT_ROOT
@@ -102,6 +103,24 @@ class TinyModelParams(ModelShape):
     side_scale: float = 0.05  # output scale of attention and MoE relative to the residual
     moe_write: float = 1.0  # the MoE's writes times this; 0: it computes and writes nothing
     logit_scale: float = 20.0  # logit of the predicted token; margins are ~half of it
+    # The last `silent_layers` layers copy the first block's layers with every output projection
+    # zero (GDN out_proj, attention o_proj, the experts' down_proj): they cost a deeper model's
+    # GPU time, kernel calls included, and add exact zeros, so the text is the shallower one's.
+    silent_layers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _silent_layers_copy_a_whole_block(self) -> TinyModelParams:
+        if self.num_hidden_layers - self.silent_layers < self.full_attention_interval:
+            raise ValueError(
+                f"silent_layers {self.silent_layers} leaves fewer than one block of "
+                f"{self.full_attention_interval} layers that write"
+            )
+        return self
+
+    def writing(self) -> TinyModelParams:
+        """The same model without its silent layers: the one that decides the text."""
+        layers = self.num_hidden_layers - self.silent_layers
+        return self.model_copy(update={"num_hidden_layers": layers, "silent_layers": 0})
 
 
 def corpus_texts(prompts_file: Path = PROMPTS_FILE) -> list[str]:
@@ -142,17 +161,41 @@ def printable_token_ids(tokenizer: Tokenizer) -> list[int]:
 
 
 def construct_weights(params: TinyModelParams, tokenizer: Tokenizer) -> dict[str, torch.Tensor]:
-    """All weights in the Hugging Face Qwen3-Next layout (BF16), LM head included."""
+    """All weights in the Hugging Face Qwen3-Next layout (BF16), LM head included. The writing
+    layers are drawn and read out alone, so silent layers change no other weight."""
+    writing = params.writing()
     generator = torch.Generator().manual_seed(params.seed)
-    weights = _body_weights(params, generator)
+    weights = _body_weights(writing, generator)
     successor = successor_map(params, tokenizer)
-    features = readout_features(params, weights)
+    features = readout_features(writing, weights)
     lm_head = torch.zeros(params.vocab_size, params.hidden_size)
     # Final-norm states have norm sqrt(hidden): a clean token's successor gets ~logit_scale.
     rows = params.logit_scale / math.sqrt(params.hidden_size) * features[: len(successor)]
     lm_head.index_add_(0, successor, rows)
     weights["lm_head.weight"] = lm_head
-    return {name: tensor.to(torch.bfloat16).contiguous() for name, tensor in weights.items()}
+    served = {name: tensor.to(torch.bfloat16).contiguous() for name, tensor in weights.items()}
+    return served | silent_layer_weights(params, served)
+
+
+# Output projections, the only weights that write into the residual stream
+WRITERS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight", "down_proj.weight")
+
+
+def silent_layer_weights(
+    params: TinyModelParams, weights: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The silent layers: layer i copies layer i mod full_attention_interval (the first
+    block's layer of its kind, so its kernels see the inputs a writing layer does), its
+    WRITERS zero."""
+    silent = {}
+    for index in range(params.num_hidden_layers - params.silent_layers, params.num_hidden_layers):
+        source = f"model.layers.{index % params.full_attention_interval}."
+        for name, tensor in weights.items():
+            if name.startswith(source):
+                copied = f"model.layers.{index}.{name.removeprefix(source)}"
+                zero = name.endswith(WRITERS)
+                silent[copied] = torch.zeros_like(tensor) if zero else tensor.clone()
+    return silent
 
 
 def successor_map(params: TinyModelParams, tokenizer: Tokenizer) -> torch.Tensor:

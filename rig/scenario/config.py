@@ -71,7 +71,7 @@ class ModelConfig(_Served):
     name: str = Field(
         TINY_MODEL,
         description="HF id, local path, or an embedded model: 'tiny', 'tiny-lm', 'tiny-gdn', "
-        "'tiny-qwen35', 'qwen35-control'",
+        "'tiny-qwen35', 'qwen35-control', 'qwen35-deep'",
     )
     preset: str | None = Field(None, description="set by the rig from the name, or by you")
     served_name: str | None = None
