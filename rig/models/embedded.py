@@ -11,7 +11,7 @@ from pathlib import Path
 EMBEDDED_MODELS: dict[str, str] = {  # name -> "module:builder"
     "tiny": "rig.models.tiny_model:ensure_tiny_model",
     "tiny-lm": "rig.models.tiny_lm:ensure_tiny_lm",
-    "tiny-gdn": "rig.models.tiny_model:ensure_tiny_gdn_model",
+    "tiny-gdn": "rig.models.tiny_gdn:ensure_tiny_gdn_model",
     "tiny-qwen35": "rig.models.tiny_qwen35:ensure_tiny_qwen35_model",
     "qwen35-control": "rig.models.qwen35_control:ensure_qwen35_control_model",
     "qwen35-deep": "rig.models.qwen35_deep:ensure_qwen35_deep_model",

@@ -25,16 +25,12 @@ Attention and MoE layers are small random perturbations: they run (vLLM needs th
 deciding the text. The tokenizer is a byte-level BPE trained on the prompts the scenarios send,
 so a prompt change rebuilds the model (the corpus hash is one of the parameters).
 
-`tiny-gdn` (TINY_GDN_PARAMS; `python -m rig.models.tiny_model --gdn`) is the same
-construction at the GDN shape of one TP2 rank of Qwen3.5-397B, six GDN layers to two attention
-layers, its 32 value heads sharing the residual's four code slices: a model whose long-prompt
-prefill is mostly GDN work, so that a GDN kernel's speed shows end to end on a GPU
-(scenarios/gpu-gdn-prefill.yaml).
+Its variants (tiny-gdn, tiny-qwen35, qwen35-control, qwen35-deep) are this construction at other
+params, each in a module of its own.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import sys
@@ -54,33 +50,25 @@ from rig.models.checkpoint import (
     sources_sha256,
     torch_threads,
     train_tokenizer,
+    variant_command,
     write_checkpoint,
 )
 from rig.models.qwen3_next import ModelShape, forward
+from rig.models.silent_layers import silent_layers
 from rig.scenario.long_prompts import build_long_prompt
 from rig.scenario.prompts import load_prompts
 
 PROMPTS_FILE = PROJECT_ROOT / "prompts" / "prompts.jsonl"
 DEFAULT_CACHE_ROOT = Path(".cache/tiny-model")
-TINY_GDN_CACHE_ROOT = Path(".cache/tiny-gdn")
-# tiny-gdn: the tiny model's generator at the GDN shape of one TP2 rank of Qwen3.5-397B
-# (8 key heads, 32 value heads, head dim 128), six GDN layers to two attention layers, and
-# positions for prompts of 16K tokens and more. Its GDN layers add the code instead of flipping
-# its sign: a layer's gain depends a little on the code's amplitude, so six flips in a row
-# cancel some tokens' code (features of distinct tokens at cosine 0.93), six additions do not.
-TINY_GDN_PARAMS = {
-    "linear_num_key_heads": 8,
-    "linear_num_value_heads": 32,
-    "linear_head_dim": 128,
-    "num_hidden_layers": 8,
-    "full_attention_interval": 4,
-    "max_position_embeddings": 32768,
-    "gdn_write": 1.0,
-}
 PARAMS_FILE = "tiny_model_params.json"
 REGIME_DIM = 0  # the residual dimension that holds the constant the GDN layers read
 # The generator's code: this module and what it builds with.
-GENERATOR_MODULES = (__name__, "rig.models.qwen3_next", "rig.models.checkpoint")
+GENERATOR_MODULES = (
+    __name__,
+    "rig.models.qwen3_next",
+    "rig.models.checkpoint",
+    "rig.models.silent_layers",
+)
 
 
 class TinyModelParams(ModelShape):
@@ -138,7 +126,7 @@ def corpus_sha256(texts: list[str]) -> str:
 
 
 def default_params(prompts_file: Path = PROMPTS_FILE, **overrides: float) -> TinyModelParams:
-    """The tiny model's params; `overrides` replace fields (TINY_GDN_PARAMS for tiny-gdn)."""
+    """The tiny model's params; `overrides` replace fields (a variant's params)."""
     return TinyModelParams(
         corpus_sha256=corpus_sha256(corpus_texts(prompts_file)),
         generator_sha256=sources_sha256(*GENERATOR_MODULES),
@@ -174,28 +162,8 @@ def construct_weights(params: TinyModelParams, tokenizer: Tokenizer) -> dict[str
     lm_head.index_add_(0, successor, rows)
     weights["lm_head.weight"] = lm_head
     served = {name: tensor.to(torch.bfloat16).contiguous() for name, tensor in weights.items()}
-    return served | silent_layer_weights(params, served)
-
-
-# Output projections, the only weights that write into the residual stream
-WRITERS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight", "down_proj.weight")
-
-
-def silent_layer_weights(
-    params: TinyModelParams, weights: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """The silent layers: layer i copies layer i mod full_attention_interval (the first
-    block's layer of its kind, so its kernels see the inputs a writing layer does), its
-    WRITERS zero."""
-    silent = {}
-    for index in range(params.num_hidden_layers - params.silent_layers, params.num_hidden_layers):
-        source = f"model.layers.{index % params.full_attention_interval}."
-        for name, tensor in weights.items():
-            if name.startswith(source):
-                copied = f"model.layers.{index}.{name.removeprefix(source)}"
-                zero = name.endswith(WRITERS)
-                silent[copied] = torch.zeros_like(tensor) if zero else tensor.clone()
-    return silent
+    silent = range(writing.num_hidden_layers, params.num_hidden_layers)
+    return served | silent_layers(served, silent, params.full_attention_interval)
 
 
 def successor_map(params: TinyModelParams, tokenizer: Tokenizer) -> torch.Tensor:
@@ -403,12 +371,6 @@ def ensure_tiny_model(
     return ensure_built(Path(cache_root) / params.key(), lambda out: build_tiny_model(out, params))
 
 
-def ensure_tiny_gdn_model(cache_root: Path = TINY_GDN_CACHE_ROOT) -> Path:
-    """tiny-gdn: the tiny model's construction at TINY_GDN_PARAMS, whose GDN layers carry most
-    of a long prompt's prefill; built on first use and cached by params hash."""
-    return ensure_tiny_model(cache_root, default_params(**TINY_GDN_PARAMS))
-
-
 def load_params(model_dir: Path) -> TinyModelParams:
     return TinyModelParams.model_validate_json((Path(model_dir) / PARAMS_FILE).read_text())
 
@@ -418,20 +380,7 @@ def _progress(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "cache_root",
-        nargs="?",
-        type=Path,
-        help="cache folder; the model lands in a sub-folder named by the params hash "
-        f"(default {DEFAULT_CACHE_ROOT}, {TINY_GDN_CACHE_ROOT} with --gdn)",
-    )
-    parser.add_argument(
-        "--gdn", action="store_true", help="build tiny-gdn (TINY_GDN_PARAMS) instead of tiny"
-    )
-    args = parser.parse_args(argv)
-    ensure = ensure_tiny_gdn_model if args.gdn else ensure_tiny_model
-    print(ensure(args.cache_root) if args.cache_root else ensure())
+    variant_command(argv, __doc__.splitlines()[0], DEFAULT_CACHE_ROOT, ensure_tiny_model)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
-"""The embedded tiny model: reproducible, cached safely, loadable, and built for the NS control;
-and tiny-gdn, the same construction with the GDN layers of one TP2 rank of Qwen3.5-397B.
+"""The embedded tiny model: reproducible, cached safely, loadable, and built for the NS control.
 
-One build of each (~10 s) is shared by the whole module; the determinism tests make a second.
+One build (~10 s) is shared by the whole module; the determinism test makes a second.
 """
 
 import json
@@ -11,37 +10,20 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rig import PROJECT_ROOT
 from rig.models import qwen3_next, tiny_model
 from rig.models.checkpoint import load_weights
-from rig.models.embedded import is_embedded
 from rig.models.qwen3_next import GdnKernelInputs
 from rig.models.tiny_model import (
     REGIME_DIM,
-    TINY_GDN_PARAMS,
     build_tiny_model,
     default_params,
-    ensure_tiny_gdn_model,
     ensure_tiny_model,
     load_params,
 )
-from rig.scenario.loader import load_scenario
 from rig.scenario.long_prompts import build_long_prompt
 from rig.scenario.prompts import load_prompts
-from rig.scenario.workload import resolve_prompts
 from tests.gdn_layers import newton_schulz_errors
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("tiny-cache"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(built):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(built / "tokenizer.json"))
+from tests.models.conftest import ring_continuation
 
 
 def _gdn_inputs(built: Path, token_ids: list[int]) -> list[GdnKernelInputs]:
@@ -167,13 +149,6 @@ def test_ns3_breaks_and_ns4_holds_on_the_first_gdn_layer(built, tokenizer):
     assert errors[3] > 100
 
 
-def _ring_continuation(successor: torch.Tensor, last_token: int, length: int) -> list[int]:
-    tokens = [int(successor[last_token])]
-    while len(tokens) < length:
-        tokens.append(int(successor[tokens[-1]]))
-    return tokens
-
-
 def test_greedy_text_walks_the_successor_ring_with_wide_margins(built, tokenizer):
     params, weights = load_params(built), load_weights(built)
     successor = tiny_model.successor_map(params, tokenizer)
@@ -182,7 +157,7 @@ def test_greedy_text_walks_the_successor_ring_with_wide_margins(built, tokenizer
     texts.append(build_long_prompt(1000, seed=0).text)
     for text in texts:
         ids = tokenizer.encode(text).ids
-        continuation = _ring_continuation(successor, ids[-1], 64)
+        continuation = ring_continuation(successor, ids[-1], 64)
         hidden = qwen3_next.forward(weights, params, torch.tensor([ids + continuation]))[0]
         logits = hidden[len(ids) - 1 : -1] @ lm_head.T
         top = logits.topk(2, dim=-1)
@@ -213,139 +188,3 @@ def test_the_next_token_is_decided_by_the_gdn_layers(built, tokenizer, monkeypat
     monkeypatch.setattr(qwen3_next, "_gated_delta_rule", second_layer_silenced)
     broken = (qwen3_next.forward(weights, params, batch)[0] @ lm_head.T).argmax(-1)
     assert (broken != intact).float().mean() > 0.9
-
-
-# --- tiny-gdn: the same construction, GDN-heavy ----------------------------------------------
-
-GDN_PREFILL_SCENARIO = PROJECT_ROOT / "scenarios" / "gpu-gdn-prefill.yaml"
-
-
-@pytest.fixture(scope="module")
-def gdn_built(tmp_path_factory) -> Path:
-    return ensure_tiny_gdn_model(tmp_path_factory.mktemp("tiny-gdn-cache"))
-
-
-def test_tiny_gdn_is_registered_and_cached_by_its_params(gdn_built):
-    assert is_embedded("tiny-gdn")
-    params = load_params(gdn_built)
-    assert gdn_built.name == params.key() == default_params(**TINY_GDN_PARAMS).key()
-    assert params.key() != default_params().key()
-
-
-def test_tiny_gdn_has_the_gdn_shape_of_one_tp2_rank_of_qwen35_397b(gdn_built):
-    config = json.loads((gdn_built / "config.json").read_text())
-    assert (config["linear_num_key_heads"], config["linear_num_value_heads"]) == (8, 32)
-    assert config["linear_key_head_dim"] == config["linear_value_head_dim"] == 128
-    kinds = config["layer_types"]
-    assert len(kinds) == config["num_hidden_layers"]
-    assert kinds.count("linear_attention") == 6 and kinds.count("full_attention") == 2
-    tokenizer_config = json.loads((gdn_built / "tokenizer_config.json").read_text())
-    assert tokenizer_config["model_max_length"] == config["max_position_embeddings"] >= 32768
-    hidden = config["hidden_size"]
-    expected_shapes = {  # q, k: 8 x 128 each; v, z: 32 x 128 each
-        "model.layers.0.linear_attn.in_proj_qkvz.weight": (8 * 128 * 2 + 32 * 128 * 2, hidden),
-        "model.layers.0.linear_attn.in_proj_ba.weight": (64, hidden),
-        "model.layers.0.linear_attn.conv1d.weight": (8 * 128 * 2 + 32 * 128, 1, 4),
-        "model.layers.6.linear_attn.out_proj.weight": (hidden, 32 * 128),
-        "model.layers.7.self_attn.o_proj.weight": (hidden, 256),
-    }
-    with safe_open(str(gdn_built / "model.safetensors"), "pt") as weights:
-        for name, shape in expected_shapes.items():
-            assert tuple(weights.get_slice(name).get_shape()) == shape, name
-        names = list(weights.keys())
-    gdn_layers = {name.split(".")[2] for name in names if ".linear_attn." in name}
-    assert gdn_layers == {"0", "1", "2", "4", "5", "6"}
-
-
-def test_tiny_gdn_runs_in_the_reference_forward_with_wide_greedy_margins(gdn_built):
-    """Every GDN layer gets the kernel shape; greedy text walks the successor ring, as the
-    tiny model's does, with margins wide enough that a kernel's rounding never flips a token."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(gdn_built / "tokenizer.json"))
-    params, weights = load_params(gdn_built), load_weights(gdn_built)
-    ids = tokenizer.encode(load_prompts(tiny_model.PROMPTS_FILE)[0].text).ids
-    continuation = _ring_continuation(tiny_model.successor_map(params, tokenizer), ids[-1], 16)
-    captured: list[GdnKernelInputs] = []
-    tokens = torch.tensor([ids + continuation])
-    hidden = qwen3_next.forward(weights, params, tokens, captured)[0]
-    assert [c.layer for c in captured] == [0, 1, 2, 4, 5, 6]
-    for inputs in captured:
-        assert inputs.key.shape == (tokens.shape[1], 8, 128)
-        assert inputs.value.shape == (tokens.shape[1], 32, 128)
-    logits = hidden[len(ids) - 1 : -1] @ weights["lm_head.weight"].float().T
-    top = logits.topk(2, dim=-1)
-    assert top.indices[:, 0].tolist() == continuation
-    assert (top.values[:, 0] - top.values[:, 1]).min() > 4.0
-
-
-def test_tiny_gdn_same_params_give_bit_identical_files(gdn_built, tmp_path):
-    rebuilt = build_tiny_model(tmp_path / "again", load_params(gdn_built))
-    for path in sorted(gdn_built.iterdir()):
-        assert path.read_bytes() == (rebuilt / path.name).read_bytes(), path.name
-
-
-def test_the_gdn_prefill_scenario_sends_4k_8k_16k_token_prompts_that_fit(gdn_built):
-    from tokenizers import Tokenizer
-
-    loaded = load_scenario(GDN_PREFILL_SCENARIO)
-    assert loaded.model.name == "tiny-gdn" and loaded.candidate.kernel == "ns4"
-    assert loaded.reference.kernel is None
-    tokenizer = Tokenizer.from_file(str(gdn_built / "tokenizer.json"))
-    lengths = [len(tokenizer.encode(p.text).ids) for p in resolve_prompts(loaded.workload)]
-    for wanted in (4096, 8192, 16384):
-        band = [n for n in lengths if abs(n - wanted) <= 0.05 * wanted]
-        assert len(band) >= 6, (wanted, lengths)
-    assert len(lengths) == 24
-    longest = max(lengths) + loaded.workload.max_tokens
-    config = json.loads((gdn_built / "config.json").read_text())
-    assert longest <= loaded.model.max_model_len <= config["max_position_embeddings"]
-    assert loaded.model.max_num_batched_tokens >= max(lengths)  # one prefill step at C=1
-
-
-# --- silent layers: a deeper model's GPU time, the shallower one's text -----------------------
-
-
-@pytest.fixture(scope="module")
-def deep_built(tmp_path_factory, built) -> Path:
-    """The tiny model with two more blocks (four layers) that compute and write nothing."""
-    shallow = load_params(built)
-    deep = default_params(num_hidden_layers=shallow.num_hidden_layers + 4, silent_layers=4)
-    return ensure_tiny_model(tmp_path_factory.mktemp("tiny-deep"), deep)
-
-
-def test_silent_layers_leave_every_writing_weight_as_it_was(built, deep_built):
-    shallow, deep = load_weights(built), load_weights(deep_built)
-    params = load_params(deep_built)
-    assert params.writing().num_hidden_layers == load_params(built).num_hidden_layers
-    for name, tensor in shallow.items():
-        assert torch.equal(deep[name], tensor), name
-    first_silent = params.num_hidden_layers - params.silent_layers
-    silent = [n for n in deep if n not in shallow]
-    assert {int(n.split(".")[2]) for n in silent} == set(range(first_silent, 8))
-    for name in silent:
-        index = int(name.split(".")[2])
-        source = name.replace(f"layers.{index}.", f"layers.{index % 2}.", 1)
-        if name.endswith(tiny_model.WRITERS):
-            assert not deep[name].any(), name
-        else:
-            assert torch.equal(deep[name], shallow[source]), name
-    config = json.loads((deep_built / "config.json").read_text())
-    assert config["num_hidden_layers"] == 8
-    assert config["layer_types"] == list(params.layer_types)
-
-
-def test_silent_layers_change_no_hidden_state(built, deep_built, tokenizer):
-    """Every layer runs (the GDN rule included), and the final states are bit-identical."""
-    ids = tokenizer.encode(load_prompts(tiny_model.PROMPTS_FILE)[0].text).ids
-    batch = torch.tensor([ids])
-    shallow = qwen3_next.forward(load_weights(built), load_params(built), batch)
-    captured: list[GdnKernelInputs] = []
-    deep = qwen3_next.forward(load_weights(deep_built), load_params(deep_built), batch, captured)
-    assert torch.equal(deep, shallow)
-    assert len(captured) == 4  # two writing GDN layers and two silent ones
-
-
-def test_silent_layers_must_leave_a_writing_block():
-    with pytest.raises(ValueError, match="fewer than one block"):
-        default_params(num_hidden_layers=4, silent_layers=3)
