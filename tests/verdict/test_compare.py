@@ -1,8 +1,12 @@
+import gzip
 import math
+from pathlib import Path
 
 import pytest
 
-from rig.records import TokenLogprob, is_transport_error
+from rig.load.replay_records import read_replay
+from rig.records import TokenLogprob, is_transport_error, read_records
+from rig.scenario.config import SIDES
 from rig.verdict.compare import (
     EXCERPT_CHARS,
     PairResult,
@@ -493,3 +497,26 @@ def test_a_conversation_turn_is_never_a_reference_variant(make_record):
     same = make_record("candidate", "q1", text="Bbb", **turn)
     (pair, _) = compare_pairs([ref, other], [cand, same], MARGIN)
     assert not pair.reference_variant
+
+
+FLIP = Path(__file__).parent / "data" / "h100-long-prompt-flip"
+
+
+def test_the_h100_matrix_flips_were_the_references_own(tmp_path):
+    """data/h100-long-prompt-flip: the timed records and replays of the two ~8K-token prompts of
+    scenarios/gpu-matrix.yaml (FLA against ns4, qwen35-control, one H100, 2026-12-07; inter-token
+    times and logprobs dropped). FLA answered each prompt one way in 39 blocks and the other in
+    one; ns4 always the first way. The margin alone made one of the two flips substantive."""
+    for name in ("requests.jsonl", "replay.jsonl"):
+        (tmp_path / name).write_bytes(gzip.decompress((FLIP / f"{name}.gz").read_bytes()))
+    records = read_records(tmp_path / "requests.jsonl")
+    reference, candidate = ([r for r in records if r.side == side] for side in SIDES)
+    replayed = read_replay(tmp_path / "replay.jsonl")
+    pairs = compare_pairs(reference, candidate, MARGIN, 64, replayed)
+    flipped = [p for p in pairs if not p.identical]
+    assert len(pairs) == 78 and [p.request_id for p in flipped] == ["c144-r3-0113", "c192-r1-0116"]
+    assert all(p.reference_variant for p in flipped)
+    by_margin = compare_pairs(reference, candidate, MARGIN, 64, replayed, reference_variants=False)
+    kinds = sorted(p.divergence.kind for p in by_margin if not p.identical)
+    assert kinds == ["near_tie", "substantive"]
+    assert max(p.divergence.reference_margin for p in by_margin if p.divergence) == 0.4375
