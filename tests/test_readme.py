@@ -33,7 +33,7 @@ PYTHONS = ("python", "python3")
 RIG_COMMANDS = ("run", "plan", "compare", "bisect")
 # Models whose `--plan` would build them, which takes longer than this whole file may: tiny-lm
 # trains (1.5-4 min on 2 cores), tiny-gdn is 17 s, tiny-qwen35 a 322 MB checkpoint, qwen35-control
-# a 2.7 GB one (216 s), qwen35-deep a 10.8 GB one. A scenario with one, or with a third-party
+# a 2.7 GB one (216 s), qwen35-deep a 10.6 GB one. A scenario with one, or with a third-party
 # prompt set (fetched from a registry), goes through --help.
 COSTLY_MODELS = ("tiny-lm", "tiny-gdn", "tiny-qwen35", "qwen35-control", "qwen35-deep")
 EMBEDDED_MODELS = ("tiny", *COSTLY_MODELS)

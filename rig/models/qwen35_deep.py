@@ -9,7 +9,7 @@ run a step (12 GDN layers, 4 attention, 16 MoE), four times qwen35-control's GPU
 host's work per step stays; the 12 silent layers (tiny_model's `silent_layers`) copy the first
 block with every output projection zero, so the served text is qwen35-control's bit for bit
 (the reference forward's final states are identical) and ns3 is caught by the writing block as
-before. 5.4 billion parameters, 10.8 GB of BF16: both sides still fit one H100. Whether the GPU
+before. 5.3 billion parameters, a 10.6 GB checkpoint: both sides still fit one H100. Whether the GPU
 sets the pace on it has not been measured yet.
 """
 
