@@ -25,7 +25,8 @@ stamp "$model built"
 stamp "ns4 matrix done"
 [ -n "${MATRIX_ONLY:-}" ] && exit 0
 "$PY" benchmarks/perf_control.py --scenario scenarios/gpu-matrix.yaml \
-    --comparisons "${CONTROL_COMPARISONS:-aa,gpu}" --gpu-delay-us "${GPU_DELAY_US:-600}" --results-dir "$RESULTS" --run-id matrix-control \
+    --comparisons "${CONTROL_COMPARISONS:-aa,gpu}" --gpu-delay-us "${GPU_DELAY_US:-600}" \
+    --results-dir "$RESULTS" --run-id matrix-control \
     --set 'workload.concurrency=[16,64,200]' --set workload.repeats=4 --set model.name="$model" \
     --set workload.speed_resolution_pct=2 \
     --set workload.speed_budget_s="${CONTROL_BUDGET_S:-90}"
