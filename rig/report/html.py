@@ -60,9 +60,7 @@ def verdict_section(outcome) -> str:
     lines = [
         f'<header id="verdict" class="verdict {_verdict_class(verdict.word, verdict.passed)}">',
         f'<div class="word">{esc(verdict.word)} — {status}</div>',
-        f"<p>{c.pairs} request pairs: {c.identical} identical, {c.near_tie} near-tie, "
-        + (f"{c.reference_variant} reference variant, " if c.reference_variant else "")
-        + f"{c.substantive} substantive"
+        f"<p>{c.pairs} request pairs: {c.divergences()}"
         + (f", {c.unclassified} unclassified (no margin measured)" if c.unclassified else "")
         + f"; {c.pathologies} pathologies; prefix-cache hits "
         f"{c.prefix_cache_hits:g}; teacher-forced drift mean {esc(number(c.drift_mean, 'nats', 4))}"

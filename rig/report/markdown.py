@@ -49,9 +49,7 @@ def _verdict_lines(verdict: Verdict, headline: list[str] = ()) -> list[str]:
         "",
         *(f"{line}  " for line in headline),
         "",
-        f"{c.pairs} pairs: {c.identical} identical, {c.near_tie} near-tie, "
-        + (f"{c.reference_variant} reference variant, " if c.reference_variant else "")
-        + f"{c.substantive} substantive divergences"
+        f"{c.pairs} pairs: {c.divergences()} divergences"
         + (f", {c.unclassified} unclassified (no margin measured)" if c.unclassified else "")
         + f"; {c.pathologies} pathologies; "
         f"prefix-cache hits {c.prefix_cache_hits:g}; teacher-forced drift mean "
@@ -60,9 +58,7 @@ def _verdict_lines(verdict: Verdict, headline: list[str] = ()) -> list[str]:
     if verdict.aa_counts is not None:
         a = verdict.aa_counts
         lines.append(
-            f"A/A noise floor: {a.pairs} pairs, {a.identical} identical, {a.near_tie} near-tie, "
-            + (f"{a.reference_variant} reference variant, " if a.reference_variant else "")
-            + f"{a.substantive} substantive"
+            f"A/A noise floor: {a.pairs} pairs, {a.divergences()}"
             + (f", {a.unclassified} unclassified" if a.unclassified else "")
             + f"; drift mean {_fmt(a.drift_mean, 4)}, "
             f"max {_fmt(a.drift_max, 4)}."

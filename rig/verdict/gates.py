@@ -321,11 +321,7 @@ def failed_verdict(verdict: Verdict, error: str) -> Verdict:
     whichever side's server stopped it (the error names it), and says how far it got. INVALID
     stays INVALID."""
     c = verdict.counts
-    compared = (
-        f"{c.pairs} pairs compared before it stopped: {c.identical} identical, {c.near_tie} "
-        f"near-tie, {c.substantive} substantive"
-        + (f", {c.reference_variant} reference variant" if c.reference_variant else "")
-    )
+    compared = f"{c.pairs} pairs compared before it stopped: {c.divergences()}"
     gates = (*verdict.gates, Gate("run completed", False, f"{error.splitlines()[0]}; {compared}"))
     word = verdict.word
     diverged = word is VerdictWord.NOT_EQUIVALENT and c.substantive > 0

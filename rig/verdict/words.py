@@ -59,6 +59,15 @@ class Counts:
     unclassified: int = 0
     reference_variant: int = 0  # the candidate wrote the reference's answer from another request
 
+    def divergences(self) -> str:
+        """How the pairs came out, in every report's words: `19 identical, 4 near-tie, 5
+        reference variant, 0 substantive` (reference variants only where there are some)."""
+        variants = f"{self.reference_variant} reference variant, " if self.reference_variant else ""
+        return (
+            f"{self.identical} identical, {self.near_tie} near-tie, {variants}"
+            f"{self.substantive} substantive"
+        )
+
 
 @dataclass(frozen=True)
 class Verdict:

@@ -55,3 +55,9 @@ def test_the_words_are_distinct_and_read_as_written():
     assert len({w.value for w in VerdictWord}) == len(VerdictWord)
     assert f"{VerdictWord.NOT_EQUIVALENT}" == "NOT equivalent"
     assert VerdictWord("INVALID") is VerdictWord.INVALID
+
+
+def test_every_report_words_the_pairs_alike():
+    assert NEAR.divergences() == "3 identical, 1 near-tie, 0 substantive"
+    variant = Counts(4, 2, 1, 0, 0, 0.0, 0.0, 0.0, 0, reference_variant=1)
+    assert variant.divergences() == "2 identical, 1 near-tie, 1 reference variant, 0 substantive"
