@@ -336,7 +336,7 @@ def _prompt_key(record: RequestRecord) -> tuple[str, int | None] | None:
     return record.prompt_id, record.prompt_tokens
 
 
-def reference_answers(reference: list[RequestRecord]) -> dict[tuple[str, int | None], set[str]]:
+def _reference_answers(reference: list[RequestRecord]) -> dict[tuple[str, int | None], set[str]]:
     """Every text the reference wrote for each prompt in the run (answered requests only)."""
     answers: dict[tuple[str, int | None], set[str]] = {}
     for record in reference:
@@ -359,7 +359,7 @@ def compare_pairs(
     whose candidate text the reference wrote for the same prompt elsewhere is a reference
     variant, whatever its margin, unless `reference_variants` is off (a comparison whose very
     subject is how the batch moves one side's answers)."""
-    answers = reference_answers(reference) if reference_variants else {}
+    answers = _reference_answers(reference) if reference_variants else {}
     by_id = {record.request_id: record for record in candidate}
     missing = [record.request_id for record in reference if record.request_id not in by_id]
     if missing:
