@@ -33,6 +33,9 @@ running() { pgrep -f "gpu_speed_session.sh job" >/dev/null; }
 
 report() {
     tail -n 30 "$LOG" 2>/dev/null
+    mapfile -t runs < <(find "$RESULTS" -name server_counters.jsonl -printf '%h\n' 2>/dev/null)
+    [ ${#runs[@]} -gt 0 ] && (cd "$WORK" && "$PY" benchmarks/gpu_busy.py \
+        "$RESULTS/gpu-busy.csv" "${runs[@]}" 2>&1 | tail -n 24)
     out=${OUT:-/tmp/out}
     mkdir -p "$out"
     cp "$LOG" "$out/control.log" 2>/dev/null
