@@ -2,12 +2,17 @@
 configuration lets the kernel show.
 
 From the servers' GDN prefill time per call (CUDA events around every call, both sides), the
-calls per request and the reference's own end-to-end latency, a level's prediction is what a
+calls per request and the reference's own wall time per request, a level's prediction is what a
 GPU-bound server would show if only the GDN calls changed: each request's calls take
-`calls x (candidate - reference)` ms more, and with C requests in flight the level's wall time
-grows by `p = C x that / reference E2EL` (Little's law). So throughput changes by `-p / (1 + p)`,
-E2EL by `p`, and TTFT by `p` too, except at C=1, where all of a request's GDN calls are its own
-prefill: there by the added time over the reference's TTFT.
+`calls x (candidate - reference)` ms more, and the level's wall time grows by
+`p = that / wall time per request`. So throughput changes by `-p / (1 + p)`, E2EL by `p`, and
+TTFT by `p` too, except at C=1, where all of a request's GDN calls are its own prefill: there by
+the added time over the reference's TTFT. The wall time per request is a request's E2EL at C=1
+(one at a time) and, above it, each block's span over its requests. That span is Little's law
+with the concurrency a block really held, where E2EL / C assumed C requests in flight
+throughout: a block of 200 requests at C=200 drains from its first answer on and holds about
+half that, and E2EL / C over-predicted a 0.66 ms-a-call GPU delay's throughput change there
+twice over (-6.4 % against -3.0 % [-4.0, -2.0] measured, one H100, 2026-12-07).
 
 Where the kernel's time per call moved beyond its interval and a headline metric did not follow
 (the prediction lies outside its measured interval and its word is not the kernel's direction:
@@ -25,7 +30,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rig.records import RequestRecord, ServerDelta, Side, side_of
+from rig.records import RequestRecord, ServerDelta, Side, duration_s, side_of
 from rig.verdict.perf_records import (
     KernelSensitivity,
     LevelComparison,
@@ -41,6 +46,22 @@ PREDICTED = (Metric.MEAN_TTFT, Metric.TOTAL_TOKEN_THROUGHPUT)
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+def _wall_ms_per_request(timed: list[RequestRecord], level: int) -> float:
+    """The reference's wall time per request at a level (ms): at C=1 a request's E2EL (request
+    pairs interleave the sides, so a block's span would hold the other side's time too); above,
+    its blocks' spans over their requests, or E2EL / C where a block has no span."""
+    e2el_ms = 1000 * _mean([r.e2el_s for r in timed if r.e2el_s is not None])
+    if level == 1:
+        return e2el_ms
+    blocks: dict[int, list[RequestRecord]] = {}
+    for record in timed:
+        blocks.setdefault(record.repeat, []).append(record)
+    spans = [duration_s(block) for block in blocks.values()]
+    if any(span is None or span <= 0 for span in spans):
+        return e2el_ms / level
+    return 1000 * sum(spans) / len(timed)
 
 
 def level_sensitivity(
@@ -74,10 +95,10 @@ def level_sensitivity(
     if not timed or not calls:
         return None
     per_request = calls / len(timed)
-    e2el_ms = 1000 * _mean([r.e2el_s for r in timed if r.e2el_s is not None])
+    wall_ms = _wall_ms_per_request(timed, level)
     ttft_ms = 1000 * _mean([r.ttft_s for r in timed if r.ttft_s is not None])
     added_ms = per_request * (kernel.candidate - kernel.reference)
-    stretch = level * added_ms / e2el_ms
+    stretch = added_ms / wall_ms
     predicted = {
         Metric.MEAN_TTFT: 100 * (added_ms / ttft_ms if level == 1 else stretch),
         Metric.TOTAL_TOKEN_THROUGHPUT: -100 * stretch / (1 + stretch),
@@ -87,7 +108,7 @@ def level_sensitivity(
         for metric in PREDICTED
         if (measured := compared.get(metric)) is not None
     )
-    share = 100 * level * per_request * kernel.reference / e2el_ms
+    share = 100 * per_request * kernel.reference / wall_ms
     return KernelSensitivity(level, kernel, per_request, share, predictions)
 
 

@@ -103,14 +103,57 @@ def test_a_kernel_within_its_own_noise_predicts_but_claims_nothing(make_record):
     assert found.kernel_direction is None and not found.hides_kernel
 
 
+def block(make_record, level: int, sends_s: list[float], e2els_ms: list[float], repeat=0):
+    """One reference block at `level`: request i sent at sends_s[i] (s), its E2EL e2els_ms[i]."""
+    return [
+        make_record(
+            "reference",
+            f"c{level}-r{repeat}-{i:04d}",
+            level=level,
+            repeat=repeat,
+            sent_at=1000.0 + sent,
+            ttft_s=e2el / 2000,
+            e2el_s=e2el / 1000,
+        )
+        for i, (sent, e2el) in enumerate(zip(sends_s, e2els_ms, strict=True))
+    ]
+
+
 def test_above_c1_every_step_stretches_by_the_calls_time(make_record):
-    """C=16: 16 requests in flight, 0.5 calls a request (prefills batched), 2 s E2EL."""
+    """C=16 held throughout: four waves of 16 back to back, 2 s E2EL each, 0.5 calls a request
+    (prefills batched): 125 ms of wall time a request, E2EL / C."""
     level = level_with(SLOWER_KERNEL, (1.0, (0, 2), NOISE), (-1.0, (-2, 0), NOISE), level=16)
-    found = level_sensitivity(level, timed(make_record, 16, 400.0, 2000.0), deltas(16, 2))
-    stretch = 16 * 0.5 * 1.4 / 2000.0
+    records = [
+        r
+        for repeat in (0, 1)
+        for r in block(make_record, 16, [2.0 * (i // 16) for i in range(64)], [2000.0] * 64, repeat)
+    ]
+    found = level_sensitivity(level, records, deltas(16, 32))
+    stretch = 0.5 * 1.4 / 125.0
+    assert stretch == pytest.approx(16 * 0.5 * 1.4 / 2000.0)
     ttft, throughput = found.predictions
     assert ttft.predicted_pct == pytest.approx(100 * stretch)
     assert throughput.predicted_pct == pytest.approx(-100 * stretch / (1 + stretch))
+    assert found.gdn_share_pct == pytest.approx(100 * 0.5 * 0.98 / 125.0)
+
+
+def test_a_block_sent_at_once_drains_and_is_predicted_from_its_span(make_record):
+    """The H100 run's shape at C=200 (2026-12-07): 200 requests sent at once, answered one
+    after another every 34.4 ms, so about 100 are in flight on average, not 200. The span
+    (6.88 s, 34.4 ms a request) predicts the stretch; E2EL / C (17.3 ms) predicted twice it."""
+    level = level_with((1.91, 2.57, (33.0, 35.5)), (2.9, (0.6, 5.3), SLOWER),
+                       (-3.0, (-4.0, -2.0), SLOWER), level=200)  # fmt: skip
+    records = block(make_record, 200, [0.0] * 200, [34.4 * (i + 1) for i in range(200)])
+    found = level_sensitivity(level, records, deltas(200, 396, repeats=(0,)))
+    added_ms = 1.98 * (2.57 - 1.91)
+    ttft, throughput = found.predictions
+    assert ttft.predicted_pct == pytest.approx(100 * added_ms / 34.4)
+    assert throughput.predicted_pct == pytest.approx(
+        -100 * (added_ms / 34.4) / (1 + added_ms / 34.4)
+    )
+    mean_e2el_ms = 34.4 * 100.5
+    assert ttft.predicted_pct == pytest.approx(0.5 * 100 * 200 * added_ms / mean_e2el_ms, rel=0.01)
+    assert ttft.inside and throughput.inside and not found.hides_kernel
 
 
 def test_no_gdn_time_no_sensitivity(make_record):
