@@ -31,12 +31,9 @@ SHELL_BLOCKS = ("sh", "bash", "shell")
 FENCE = re.compile(r"^\s*```\s*(\S*)\s*$")
 PYTHONS = ("python", "python3")
 RIG_COMMANDS = ("run", "plan", "compare", "bisect")
-# Models whose `--plan` would build them, which takes longer than this whole file may: tiny-lm
-# trains (1.5-4 min on 2 cores), tiny-gdn is 17 s, tiny-qwen35 a 322 MB checkpoint, qwen35-control
-# a 2.7 GB one (216 s), qwen35-deep a 10.6 GB one. A scenario with one, or with a third-party
-# prompt set (fetched from a registry), goes through --help.
-COSTLY_MODELS = ("tiny-lm", "tiny-gdn", "tiny-qwen35", "qwen35-control", "qwen35-deep")
-EMBEDDED_MODELS = ("tiny", *COSTLY_MODELS)
+# `--plan` builds no embedded model (it plans from the folder the run would build it in). A
+# scenario with a third-party prompt set (fetched from a registry) goes through --help.
+EMBEDDED_MODELS = ("tiny", "tiny-lm", "tiny-gdn", "tiny-qwen35", "qwen35-control", "qwen35-deep")
 # What a page's example names that this machine does not have: a plan may stop on these, with
 # exit 2 and nothing else in its error line (the scenario and every --set key still checked).
 PLACEHOLDERS = ("/venvs/", "/models/", "mypkg", "cutedsl")
@@ -145,7 +142,7 @@ def _plan(entry: list[str], args: list[str], plan_flag: bool) -> Check:
     if path is None or not path.is_file() or "--resume" in args:
         return _help(entry, args)  # a placeholder (SCENARIO) or a run to resume
     model, prompt_set = _model_of(path, args)
-    if model in COSTLY_MODELS or prompt_set:
+    if prompt_set:
         return _help(entry, args)
     extra = ["--plan"] if plan_flag and "--plan" not in args else []
     if model not in EMBEDDED_MODELS and "--assume-gpus" not in args:

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from rig.models.embedded import builds_allowed, is_built
 from rig.models.qwen3_next import ModelShape, hf_config
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -101,7 +102,7 @@ def ensure_built(final: Path, build: Callable[[Path], object]) -> Path:
     The build goes to a private temporary folder renamed into place at the end, so an
     interrupted build never leaves a half model behind and concurrent builds do not collide.
     """
-    if (final / "model.safetensors").exists():
+    if is_built(final) or not builds_allowed():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.parent / f".{final.name}.{os.getpid()}.partial"
@@ -111,7 +112,7 @@ def ensure_built(final: Path, build: Callable[[Path], object]) -> Path:
         try:
             staging.rename(final)
         except OSError:
-            if not (final / "model.safetensors").exists():
+            if not is_built(final):
                 raise  # a concurrent build that won the rename is fine, anything else is not
     finally:
         shutil.rmtree(staging, ignore_errors=True)

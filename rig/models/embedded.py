@@ -5,7 +5,10 @@ tokenizers."""
 
 from __future__ import annotations
 
+import contextvars
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 EMBEDDED_MODELS: dict[str, str] = {  # name -> "module:builder"
@@ -23,7 +26,42 @@ def is_embedded(name: str) -> bool:
     return name in EMBEDDED_MODELS
 
 
-def ensure_embedded_model(name: str) -> Path:
-    """The folder of embedded model `name` (a key of EMBEDDED_MODELS), built on first use."""
-    module, builder = EMBEDDED_MODELS[name].split(":")
-    return getattr(importlib.import_module(module), builder)()
+# Off inside `without_builds()`: `--plan` asks where a model is, and must not spend minutes (or
+# 18 GB of RAM, for qwen35-deep) building it.
+_BUILDS = contextvars.ContextVar("rig_model_builds", default=True)
+
+
+@contextmanager
+def without_builds() -> Iterator[None]:
+    """Inside it, a builder returns the folder its model would be built in, built or not."""
+    token = _BUILDS.set(False)
+    try:
+        yield
+    finally:
+        _BUILDS.reset(token)
+
+
+def builds_allowed() -> bool:
+    return _BUILDS.get()
+
+
+def is_built(folder: Path) -> bool:
+    """The folder holds a whole model (a build lands in it whole or not at all)."""
+    return (folder / "model.safetensors").exists()
+
+
+def builder_module(name: str) -> str:
+    """The module that builds embedded model `name` (`python -m` it to build it alone)."""
+    return EMBEDDED_MODELS[name].split(":")[0]
+
+
+def ensure_embedded_model(name: str, build: bool = True) -> Path:
+    """The folder of embedded model `name` (a key of EMBEDDED_MODELS), built on first use; with
+    `build` off, the folder it is or would be built in (`is_built` tells which)."""
+    ensure = getattr(
+        importlib.import_module(builder_module(name)), EMBEDDED_MODELS[name].split(":")[1]
+    )
+    if build:
+        return ensure()
+    with without_builds():
+        return ensure()

@@ -262,7 +262,7 @@ def _prepare(args: argparse.Namespace) -> Runner | None:
     hardware = _hardware(args)
     prompts = resolve_prompts(scenario.workload)
     hold_at("preflight")
-    checked = preflight(scenario, run_dir, hardware)
+    checked = preflight(scenario, run_dir, hardware, build_model=not args.plan)
     if args.plan:
         print(render_plan(checked, len(prompts)))
         return None

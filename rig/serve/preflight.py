@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rig.models.embedded import ensure_embedded_model, is_embedded
+from rig.models.embedded import builder_module, ensure_embedded_model, is_built, is_embedded
 from rig.scenario.config import SIDES, Scenario
 from rig.serve.hardware import Hardware
 from rig.serve.installs import InstallError, SideInstall, resolve_installs
@@ -81,13 +81,20 @@ def _local_model(path: Path) -> ModelLocation:
     return ModelLocation(str(path.resolve()), "local", checkpoint_bytes(path))
 
 
-def locate_model(scenario: Scenario, check_hub: bool = True) -> ModelLocation:
+def locate_model(scenario: Scenario, check_hub: bool = True, build: bool = True) -> ModelLocation:
     """Find the model without loading it: PreflightError when it cannot be had, or when the
-    download that brought it did not finish."""
+    download that brought it did not finish. An embedded model is built first unless `build`
+    is off (--plan), which gives the folder it would be built in."""
     name = scenario.model.name
     declared = declared_bytes(scenario)
     if is_embedded(name):
-        folder = ensure_embedded_model(name)
+        folder = ensure_embedded_model(name, build=build)
+        if not is_built(folder):
+            note = (
+                f"{name} is not built yet; the run builds it first "
+                f"(python -m {builder_module(name)} builds it alone)"
+            )
+            return ModelLocation(str(folder), "embedded, not built", None, note)
         return ModelLocation(str(folder), "embedded", checkpoint_bytes(folder))
     path = Path(name).expanduser()
     if path.exists():
@@ -186,12 +193,12 @@ def _model_problem(scenario: Scenario, exc: Exception, hardware: Hardware) -> st
 
 
 def _locate(
-    scenario: Scenario, hardware: Hardware, launched: list[str], problems: list
+    scenario: Scenario, hardware: Hardware, launched: list[str], problems: list, build: bool
 ) -> ModelLocation:
     if not launched:
         return ModelLocation(scenario.model.name, "attached", note="served by attached servers")
     try:
-        return locate_model(scenario, check_hub=not hardware.assumed)
+        return locate_model(scenario, check_hub=not hardware.assumed, build=build)
     except PreflightError as exc:  # its declared size still says what it would need
         problems.append(str(exc))
         return ModelLocation(scenario.model.name, "missing", declared_bytes(scenario))
@@ -232,10 +239,15 @@ def _port_problems(scenario: Scenario, plan: LaunchPlan, hardware: Hardware) -> 
 
 
 def preflight(
-    scenario: Scenario, run_dir: Path, hardware: Hardware, sides: tuple[str, ...] = SIDES
+    scenario: Scenario,
+    run_dir: Path,
+    hardware: Hardware,
+    sides: tuple[str, ...] = SIDES,
+    build_model: bool = True,
 ) -> Preflight:
     """All checks; raises PreflightError with every problem in one line. The Preflight's
-    scenario holds the tensor-parallel size its servers get."""
+    scenario holds the tensor-parallel size its servers get. `build_model` off (--plan): an
+    embedded model not built yet is planned from the folder it would be built in."""
     problems: list[str] = []
     installs: dict[str, SideInstall] = {}
     try:
@@ -244,7 +256,7 @@ def preflight(
         problems.append(str(exc))
     problems += install_skew(scenario, installs)
     launched = [side for side in sides if scenario.side(side).url is None]
-    model = _locate(scenario, hardware, launched, problems)
+    model = _locate(scenario, hardware, launched, problems, build_model)
     notes = [f"model: {model.note}"] if model.note else []
     problems += check_backends(scenario, installs, hardware)
     nodes, cluster_problem = ray_nodes(scenario)

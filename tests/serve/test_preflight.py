@@ -244,3 +244,19 @@ def test_servers_attached_by_url_need_no_local_model(tmp_path, monkeypatch):
     checked = preflight(both, tmp_path, Hardware(gpu_count=0, cpu_ids=(0, 1)))
     assert checked.model.source == "attached"
     assert {p.devices for p in checked.plan.servers.values()} == {"attached"}
+
+
+def test_a_plan_builds_no_embedded_model_and_says_the_run_will(tmp_path, monkeypatch):
+    """--plan on a machine where qwen35-deep (a 10.6 GB build, 18 GB of RAM) was never built:
+    the plan answers at once with the folder the run would build it in, and builds nothing."""
+    monkeypatch.chdir(tmp_path)  # the embedded models' caches are under ./.cache
+    deep = scenario({"name": "qwen35-deep"})
+    located = locate_model(deep, build=False)
+    assert located.source == "embedded, not built" and located.weights_bytes is None
+    assert located.path.startswith(".cache/qwen35-deep/")
+    assert "python -m rig.models.qwen35_deep" in located.note
+    assert not (tmp_path / ".cache").exists()
+    text = render_plan(preflight(deep, tmp_path / "run", gpus(1, 70), build_model=False), 1)
+    assert "model: qwen35-deep (embedded, not built)" in text
+    assert "the run builds it first" in text
+    assert not (tmp_path / ".cache").exists()
