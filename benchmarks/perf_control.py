@@ -245,14 +245,12 @@ def aa_checks(run: ControlRun, family_confidence: float) -> list[tuple[bool, str
     results.append((words == [NOISE], f"A/A: the run's headline words: {', '.join(words)}"))
     target = run.resolution_pct()
     if target is not None and reported:
-        widest = max(_widest_pct(level, m) for level in reported for m in HEADLINE_METRICS)
-        inside = math.isfinite(widest) and widest <= target
-        results.append(
-            (
-                inside,
-                f"A/A: every headline interval inside ±{target:g} % (widest bound {widest:.1f} %)",
-            )
+        widest, metric, level = max(
+            (_widest_pct(level, m), m, level.level) for level in reported for m in HEADLINE_METRICS
         )
+        inside = math.isfinite(widest) and widest <= target
+        where = f"widest bound {widest:.1f} %, {metric} at C={level}"
+        results.append((inside, f"A/A: every headline interval inside ±{target:g} % ({where})"))
     return results
 
 

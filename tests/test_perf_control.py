@@ -9,11 +9,18 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from dataclasses import replace  # noqa: E402
 
-from perf_control import ControlRun, checks, gdn_prediction  # noqa: E402
+from perf_control import ControlRun, aa_checks, checks, gdn_prediction  # noqa: E402
 
 from rig.records import REQUESTS_FILE  # noqa: E402
 from rig.report.tables import perf_table  # noqa: E402
-from rig.verdict.perf_records import NOT_JUDGED, SLOWER, Metric, PerfResult  # noqa: E402
+from rig.verdict.perf_records import (  # noqa: E402
+    HEADLINE_METRICS,
+    NOISE,
+    NOT_JUDGED,
+    SLOWER,
+    Metric,
+    PerfResult,
+)
 from tests.perf_builders import changed, perf_level, planted, sensitivity  # noqa: E402
 
 
@@ -61,3 +68,23 @@ def test_the_checks_read_a_stored_runs_perf_as_records(tmp_path):
     assert "predicted -35.0 % inside the interval" in gpu[1][1]
     (level,) = runs["gpu"].perf()
     assert gdn_prediction(level).startswith("GDN 1.500 → 3.000 ms per call x 3.00 calls")
+
+
+def test_an_aa_interval_outside_the_resolution_is_named_by_metric_and_level(tmp_path):
+    """The H100 A/A of 2026-12-08: every interval within ±0.7 % at C=64, TTFT [-0.1, +2.5] at
+    C=200; the check fails on ±2 % and says where, so nobody hunts through 8 intervals."""
+    c64 = [changed(64, m, 0.0, (-0.7, 0.7), NOISE) for m in HEADLINE_METRICS]
+    c200 = [
+        changed(
+            200, m, *((1.2, (-0.1, 2.5)) if m == Metric.MEAN_TTFT else (0.0, (-0.6, 0.5))), NOISE
+        )
+        for m in HEADLINE_METRICS
+    ]
+    run = stored_run(tmp_path, "aa", perf_level(64, *c64), perf_level(200, *c200))
+    (run.run_dir / "scenario.resolved.json").write_text('{"workload": {"speed_resolution_pct": 2}}')
+    (run.run_dir / REQUESTS_FILE).write_text("")
+    *_, resolution = aa_checks(run, family_confidence=0.95)
+    assert resolution == (
+        False,
+        "A/A: every headline interval inside ±2 % (widest bound 2.5 %, mean_ttft_ms at C=200)",
+    )
