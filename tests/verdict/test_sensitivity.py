@@ -15,19 +15,29 @@ from tests.perf_builders import changed, perf_level
 HIDES = "hides the kernel"
 
 
-def timed(make_record, level: int, ttft_ms: float, e2el_ms: float, repeats=(0, 1)):
-    """Four reference requests a block, each with the given TTFT and E2EL."""
+def block(make_record, level, sends_s, e2els_ms, repeat=0, ttft_ms=None):
+    """One reference block at `level`: request i sent at sends_s[i] (s), its E2EL e2els_ms[i]
+    (ms), its TTFT `ttft_ms` (default half its E2EL)."""
     return [
         make_record(
             "reference",
             f"c{level}-r{repeat}-{i:04d}",
             level=level,
             repeat=repeat,
-            ttft_s=ttft_ms / 1000,
-            e2el_s=e2el_ms / 1000,
+            sent_at=1000.0 + sent,
+            ttft_s=(e2el / 2 if ttft_ms is None else ttft_ms) / 1000,
+            e2el_s=e2el / 1000,
         )
+        for i, (sent, e2el) in enumerate(zip(sends_s, e2els_ms, strict=True))
+    ]
+
+
+def timed(make_record, level: int, ttft_ms: float, e2el_ms: float, repeats=(0, 1)):
+    """Four reference requests a block, sent together, each with the given TTFT and E2EL."""
+    return [
+        record
         for repeat in repeats
-        for i in range(4)
+        for record in block(make_record, level, [0.0] * 4, [e2el_ms] * 4, repeat, ttft_ms)
     ]
 
 
@@ -101,22 +111,6 @@ def test_a_kernel_within_its_own_noise_predicts_but_claims_nothing(make_record):
     )
     found = level_sensitivity(level, timed(make_record, 1, 35.0, 60.0), deltas(1, 12))
     assert found.kernel_direction is None and not found.hides_kernel
-
-
-def block(make_record, level: int, sends_s: list[float], e2els_ms: list[float], repeat=0):
-    """One reference block at `level`: request i sent at sends_s[i] (s), its E2EL e2els_ms[i]."""
-    return [
-        make_record(
-            "reference",
-            f"c{level}-r{repeat}-{i:04d}",
-            level=level,
-            repeat=repeat,
-            sent_at=1000.0 + sent,
-            ttft_s=e2el / 2000,
-            e2el_s=e2el / 1000,
-        )
-        for i, (sent, e2el) in enumerate(zip(sends_s, e2els_ms, strict=True))
-    ]
 
 
 def test_above_c1_every_step_stretches_by_the_calls_time(make_record):
