@@ -225,13 +225,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _one_line(text: str) -> str:
+    """`text` as it can stand in a one-line error: control characters (a key that is a line
+    break) escaped."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def _describe(error: dict[str, Any]) -> str:
-    key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    key = _one_line(".".join(str(part) for part in error["loc"])) or "(top level)"
     if error["type"] == "extra_forbidden":
         return f"unknown key '{key}'"
     if error["type"] == "missing":
         return f"missing key '{key}'"
-    return f"key '{key}': {error['msg']}"
+    return f"key '{key}': {_one_line(error['msg'])}"
 
 
 def load_scenario(path: Path, overrides: list[str] | None = None) -> Scenario:

@@ -97,6 +97,8 @@ def test_any_file_text_loads_or_gives_one_line(text, overrides):
 @settings(max_examples=200)
 @given(DOCUMENTS, OVERRIDES)
 @example({"model": True}, [])
+@example({"\n": None}, [])  # an unknown key that is a line break (found by this property)
+@example({"workload": {"a\tb\r": 1}}, [])
 def test_any_yaml_document_loads_or_gives_one_line(document, overrides):
     _load(yaml.safe_dump(document, allow_unicode=True), overrides)
 
