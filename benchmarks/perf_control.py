@@ -245,11 +245,11 @@ def aa_checks(run: ControlRun, family_confidence: float) -> list[tuple[bool, str
     results.append((words == [NOISE], f"A/A: the run's headline words: {', '.join(words)}"))
     target = run.resolution_pct()
     if target is not None and reported:
-        widest, metric, level = max(
+        widest, metric, concurrency = max(
             (_widest_pct(level, m), m, level.level) for level in reported for m in HEADLINE_METRICS
         )
         inside = math.isfinite(widest) and widest <= target
-        where = f"widest bound {widest:.1f} %, {metric} at C={level}"
+        where = f"widest bound {widest:.1f} %, {metric} at C={concurrency}"
         results.append((inside, f"A/A: every headline interval inside ±{target:g} % ({where})"))
     return results
 

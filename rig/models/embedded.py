@@ -58,9 +58,8 @@ def builder_module(name: str) -> str:
 def ensure_embedded_model(name: str, build: bool = True) -> Path:
     """The folder of embedded model `name` (a key of EMBEDDED_MODELS), built on first use; with
     `build` off, the folder it is or would be built in (`is_built` tells which)."""
-    ensure = getattr(
-        importlib.import_module(builder_module(name)), EMBEDDED_MODELS[name].split(":")[1]
-    )
+    module, builder = EMBEDDED_MODELS[name].split(":")
+    ensure = getattr(importlib.import_module(module), builder)
     if build:
         return ensure()
     with without_builds():
